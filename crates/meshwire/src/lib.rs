@@ -1,1 +1,38 @@
-pub fn x(){}
+//! Communicate with authenticated peers over QUIC: messages, fan-out and requests with bounded queues and metrics.
+//!
+//! A [`Node`] owns one QUIC endpoint. Every peer is named by its ed25519 public key ([`PeerId`]) and
+//! proves it in the TLS 1.3 handshake; there are no certificate authorities. Messages to a peer
+//! travel in order over one stream and queue in a bounded per-peer queue; [`Node::send_many`]
+//! encodes a message once for any number of peers; [`Node::request`] runs a request/response
+//! exchange under one deadline. The wire format and the protocol policies live in the sans-IO
+//! crate [`meshwire_proto`]; this crate is the tokio driver around them.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use meshwire::{Keypair, Node, NodeConfig, ProtocolId};
+//! let node = Node::bind(NodeConfig::new(Keypair::generate()), "127.0.0.1:0".parse()?)?;
+//! let mut inbox = node.subscribe(ProtocolId(1))?;
+//! while let Some(message) = inbox.recv().await {
+//!     println!("{} sent {} bytes", message.from, message.payload.len());
+//! }
+//! # Ok(()) }
+//! ```
+
+mod config;
+mod framing;
+mod identity;
+mod metrics;
+mod node;
+pub mod tls;
+
+pub use config::{ConfigError, Congestion, NodeConfig, QueueLimits, TransportSettings};
+pub use identity::{IdentityError, Keypair, IDENTITY_FILE};
+pub use meshwire_proto::backoff::Backoff;
+pub use meshwire_proto::wire::{Limits, ProtocolId};
+pub use meshwire_proto::{self as proto, PeerId};
+pub use metrics::Metrics;
+pub use node::{
+    ConnectionEvent, DialError, Direction, HandlerError, InboundMessage, Node, NodeError,
+    PeerStatus, RequestError, SendError, SendManyReport, SubscribeError, CLOSE_DUPLICATE,
+    CLOSE_PROTOCOL_VIOLATION, CLOSE_SHUTDOWN,
+};

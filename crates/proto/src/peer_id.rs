@@ -95,7 +95,10 @@ mod tests {
             "not base32!".parse::<PeerId>(),
             Err(ParsePeerIdError::NotBase32(_))
         ));
-        assert_eq!("aaaa".parse::<PeerId>(), Err(ParsePeerIdError::WrongLength(2)));
+        assert_eq!(
+            "aaaa".parse::<PeerId>(),
+            Err(ParsePeerIdError::WrongLength(2))
+        );
         assert_eq!(
             "aaaaaaaa".parse::<PeerId>(),
             Err(ParsePeerIdError::WrongLength(5))

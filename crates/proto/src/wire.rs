@@ -423,9 +423,7 @@ pub fn encode_error_payload(code: ErrorCode, reason: &str) -> Bytes {
 
 /// Decodes an `ErrorResponse` payload into its code and reason (invalid UTF-8 is replaced).
 pub fn decode_error_payload(payload: &[u8]) -> Result<(ErrorCode, String), WireError> {
-    let (&code, reason) = payload
-        .split_first()
-        .ok_or(WireError::EmptyErrorResponse)?;
+    let (&code, reason) = payload.split_first().ok_or(WireError::EmptyErrorResponse)?;
     Ok((
         ErrorCode::from_byte(code)?,
         String::from_utf8_lossy(reason).into_owned(),
@@ -460,10 +458,17 @@ mod tests {
 
     // Golden vector: changing any byte here changes the wire format.
     const GOLDEN_REQUEST: &str = concat!(
-        "4d57", "01", "00", "35000000", // frame header: magic, version, reserved, body len 53
-        "02", "81", "0000", "04030201", "8877665544332211", // msg header
+        "4d57",
+        "01",
+        "00",
+        "35000000", // frame header: magic, version, reserved, body len 53
+        "02",
+        "81",
+        "0000",
+        "04030201",
+        "8877665544332211", // msg header
         "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f", // dst
-        "68656c6c6f", // payload "hello"
+        "68656c6c6f",       // payload "hello"
     );
 
     #[test]
@@ -493,10 +498,18 @@ mod tests {
         assert_eq!(
             hex(&frame),
             concat!(
-                "4d57", "01", "00", "35000000", "04", "00", "0000", "07000000",
+                "4d57",
+                "01",
+                "00",
+                "35000000",
+                "04",
+                "00",
+                "0000",
+                "07000000",
                 "0100000000000000",
                 "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
-                "02", "6e6f6e65",
+                "02",
+                "6e6f6e65",
             )
         );
         let decoded = decode(&frame, &Limits::default()).unwrap();

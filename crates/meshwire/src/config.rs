@@ -1,0 +1,235 @@
+//! Configure a node: identity, transport windows, limits, queues and reconnect policy.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meshwire_proto::backoff::Backoff;
+use meshwire_proto::wire::Limits;
+use meshwire_proto::PeerId;
+
+use crate::identity::Keypair;
+
+/// Which congestion controller QUIC runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Congestion {
+    /// CUBIC (RFC 9438), quinn's default.
+    #[default]
+    Cubic,
+    /// BBR (quinn's experimental implementation).
+    Bbr,
+    /// NewReno (RFC 9002).
+    NewReno,
+}
+
+/// QUIC transport settings. Windows come from a bandwidth-delay product, never from quinn's
+/// 1.25 MB stream default that bound the xx network's transfers (`seeds/000`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransportSettings {
+    /// The fastest path the node should fill, in bits per second.
+    pub bandwidth_bits_per_sec: u64,
+    /// The longest round trip the node should fill a path across.
+    pub max_rtt: Duration,
+    /// Interval of keep-alive packets on idle connections.
+    pub keep_alive: Duration,
+    /// A connection silent this long is closed. Must be at least three keep-alive intervals, so
+    /// two lost keep-alives do not drop a healthy connection.
+    pub idle_timeout: Duration,
+    /// Congestion controller.
+    pub congestion: Congestion,
+    /// Initial (and, when `mtu_discovery` is off, fixed) UDP payload size.
+    pub initial_mtu: u16,
+    /// Whether to probe for larger MTUs.
+    pub mtu_discovery: bool,
+    /// Concurrent requests a peer may have open against this node.
+    pub max_concurrent_requests: u32,
+    /// Concurrent one-way streams a peer may have open against this node.
+    pub max_concurrent_uni_streams: u32,
+}
+
+impl Default for TransportSettings {
+    fn default() -> Self {
+        Self {
+            bandwidth_bits_per_sec: 1_000_000_000,
+            max_rtt: Duration::from_millis(200),
+            keep_alive: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(20),
+            congestion: Congestion::Cubic,
+            initial_mtu: 1200,
+            mtu_discovery: true,
+            max_concurrent_requests: 256,
+            max_concurrent_uni_streams: 32,
+        }
+    }
+}
+
+impl TransportSettings {
+    /// The bandwidth-delay product in bytes: the stream receive window.
+    pub fn bdp_bytes(&self) -> u64 {
+        let bytes = u128::from(self.bandwidth_bits_per_sec) * self.max_rtt.as_micros() / 8_000_000;
+        bytes.clamp(64 * 1024, u128::from(u32::MAX)) as u64
+    }
+
+    pub(crate) fn to_quinn(&self) -> Result<quinn::TransportConfig, ConfigError> {
+        let bdp = self.bdp_bytes();
+        let varint = |value: u64| {
+            quinn::VarInt::from_u64(value).map_err(|_| ConfigError::Invalid("window too large"))
+        };
+        let mut config = quinn::TransportConfig::default();
+        config
+            .stream_receive_window(varint(bdp)?)
+            .receive_window(varint(2 * bdp)?)
+            .send_window(2 * bdp)
+            .keep_alive_interval(Some(self.keep_alive))
+            .max_idle_timeout(Some(
+                quinn::IdleTimeout::try_from(self.idle_timeout)
+                    .map_err(|_| ConfigError::Invalid("idle timeout too large"))?,
+            ))
+            .initial_mtu(self.initial_mtu)
+            .min_mtu(self.initial_mtu.min(1200))
+            .max_concurrent_bidi_streams(self.max_concurrent_requests.into())
+            .max_concurrent_uni_streams(self.max_concurrent_uni_streams.into());
+        if !self.mtu_discovery {
+            config.mtu_discovery_config(None);
+        }
+        match self.congestion {
+            Congestion::Cubic => config
+                .congestion_controller_factory(Arc::new(quinn::congestion::CubicConfig::default())),
+            Congestion::Bbr => config
+                .congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default())),
+            Congestion::NewReno => config.congestion_controller_factory(Arc::new(
+                quinn::congestion::NewRenoConfig::default(),
+            )),
+        };
+        Ok(config)
+    }
+}
+
+/// Per-peer outbound queue bounds. A slow peer fills its own queue, never the node's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// Messages waiting for one peer.
+    pub max_messages: usize,
+    /// Frame bytes waiting for one peer (shared payloads count once per peer).
+    pub max_bytes: u32,
+}
+
+impl Default for QueueLimits {
+    fn default() -> Self {
+        Self {
+            max_messages: 4096,
+            max_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// Everything a node needs to start.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// The node's identity.
+    pub keypair: Keypair,
+    /// If set, only these peers may connect or be dialed.
+    pub allowlist: Option<HashSet<PeerId>>,
+    /// QUIC settings.
+    pub transport: TransportSettings,
+    /// Frame size limits, enforced on send and receive.
+    pub limits: Limits,
+    /// Per-peer outbound queue bounds.
+    pub queue: QueueLimits,
+    /// Inbound messages buffered per subscribed protocol before the sender is slowed down.
+    pub inbound_queue_messages: usize,
+    /// Reconnect backoff for configured peers.
+    pub backoff: Backoff,
+    /// How long one dial may take, handshake included.
+    pub dial_timeout: Duration,
+    /// How long a peer may take to send a whole request to this node.
+    pub inbound_request_timeout: Duration,
+    /// Seed for the reconnect jitter; `None` draws one from the OS. The lab sets it.
+    pub rng_seed: Option<u64>,
+}
+
+impl NodeConfig {
+    /// Defaults around `keypair`.
+    pub fn new(keypair: Keypair) -> Self {
+        Self {
+            keypair,
+            allowlist: None,
+            transport: TransportSettings::default(),
+            limits: Limits::default(),
+            queue: QueueLimits::default(),
+            inbound_queue_messages: 1024,
+            backoff: Backoff::default(),
+            dial_timeout: Duration::from_secs(5),
+            inbound_request_timeout: Duration::from_secs(30),
+            rng_seed: None,
+        }
+    }
+
+    /// Checks that the settings fit together.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let transport = &self.transport;
+        if transport.keep_alive.is_zero() || transport.idle_timeout < 3 * transport.keep_alive {
+            return Err(ConfigError::Invalid(
+                "idle timeout must be at least three keep-alive intervals",
+            ));
+        }
+        if transport.initial_mtu < 1200 {
+            return Err(ConfigError::Invalid("QUIC needs an MTU of at least 1200"));
+        }
+        if self.backoff.floor.is_zero() || self.backoff.floor > self.backoff.cap {
+            return Err(ConfigError::Invalid(
+                "backoff floor must be positive and at most the cap",
+            ));
+        }
+        let largest_frame =
+            u64::from(self.limits.max_payload_bytes) + meshwire_proto::wire::FRAME_OVERHEAD as u64;
+        if largest_frame > u64::from(self.queue.max_bytes) {
+            return Err(ConfigError::Invalid(
+                "the per-peer queue must hold at least one largest frame",
+            ));
+        }
+        if self.queue.max_messages == 0 || self.inbound_queue_messages == 0 {
+            return Err(ConfigError::Invalid(
+                "queues must hold at least one message",
+            ));
+        }
+        if self.dial_timeout.is_zero() || self.inbound_request_timeout.is_zero() {
+            return Err(ConfigError::Invalid("timeouts must be positive"));
+        }
+        transport.to_quinn().map(|_| ())
+    }
+}
+
+/// A configuration that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The named constraint is violated.
+    #[error("invalid configuration: {0}")]
+    Invalid(&'static str),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_windows_fill_a_gigabit_over_200ms() {
+        let settings = TransportSettings::default();
+        assert_eq!(settings.bdp_bytes(), 25_000_000);
+        assert!(NodeConfig::new(Keypair::from_seed([0; 32]))
+            .validate()
+            .is_ok());
+    }
+
+    #[test]
+    fn inconsistent_settings_are_refused() {
+        let mut config = NodeConfig::new(Keypair::from_seed([0; 32]));
+        config.transport.idle_timeout = config.transport.keep_alive;
+        assert!(config.validate().is_err());
+        let mut config = NodeConfig::new(Keypair::from_seed([0; 32]));
+        config.queue.max_bytes = 1024;
+        assert!(config.validate().is_err());
+    }
+}

@@ -1,0 +1,72 @@
+//! Read whole frames from QUIC streams, growing buffers only as bytes arrive.
+
+use bytes::BytesMut;
+use meshwire_proto::wire::{self, Frame, Limits, WireError, FRAME_HEADER_LEN};
+use quinn::{ReadError, ReadExactError, RecvStream};
+
+/// Why a frame could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReadFrameError {
+    /// The peer sent bytes that are not a valid frame.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// The stream or connection failed underneath.
+    #[error(transparent)]
+    Stream(#[from] ReadError),
+}
+
+/// Buffer growth step: a peer announcing a large frame gets memory only as it sends bytes.
+const READ_STEP: usize = 64 * 1024;
+
+/// Reads the next frame, or `None` if the stream ended cleanly between frames.
+pub(crate) async fn read_frame(
+    recv: &mut RecvStream,
+    limits: &Limits,
+) -> Result<Option<Frame>, ReadFrameError> {
+    let mut head = [0u8; FRAME_HEADER_LEN];
+    match recv.read_exact(&mut head).await {
+        Ok(()) => {}
+        Err(ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(ReadExactError::FinishedEarly(actual)) => {
+            return Err(WireError::Truncated {
+                expected: FRAME_HEADER_LEN,
+                actual,
+            }
+            .into())
+        }
+        Err(ReadExactError::ReadError(error)) => return Err(error.into()),
+    }
+    let header = wire::decode_frame_header(&head, limits)?;
+    let body_len = header.body_len as usize;
+    let mut body = BytesMut::with_capacity(body_len.min(READ_STEP));
+    while body.len() < body_len {
+        match recv.read_chunk(body_len - body.len(), true).await? {
+            Some(chunk) => body.extend_from_slice(&chunk.bytes),
+            None => {
+                return Err(WireError::Truncated {
+                    expected: body_len,
+                    actual: body.len(),
+                }
+                .into())
+            }
+        }
+    }
+    Ok(Some(wire::decode_body(&header, body.freeze())?))
+}
+
+/// A short, stable name for a wire error, used as a metric label.
+pub(crate) fn wire_error_label(error: &WireError) -> &'static str {
+    match error {
+        WireError::BadMagic(_) => "bad_magic",
+        WireError::UnsupportedVersion(_) => "unsupported_version",
+        WireError::ReservedNotZero(_) => "reserved_not_zero",
+        WireError::BodyTooShort { .. } => "body_too_short",
+        WireError::PayloadTooLarge { .. } => "too_large",
+        WireError::UnknownKind(_) => "unknown_kind",
+        WireError::UnknownErrorCode(_) => "unknown_error_code",
+        WireError::Truncated { .. } => "truncated",
+        WireError::TrailingBytes(_) => "trailing_bytes",
+        WireError::EmptyErrorResponse => "empty_error_response",
+        _ => "other",
+    }
+}

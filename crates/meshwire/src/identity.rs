@@ -1,0 +1,200 @@
+//! Keep a node's ed25519 identity on disk: created on first start, never silently replaced.
+
+use std::fmt;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePrivateKey};
+use ed25519_dalek::SigningKey;
+use meshwire_proto::PeerId;
+use rand::{RngCore, SeedableRng};
+
+/// Name of the identity file inside a node's data directory (PKCS#8 PEM, readable by `openssl pkey`).
+pub const IDENTITY_FILE: &str = "identity.pem";
+
+/// Why an identity could not be loaded or stored.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdentityError {
+    /// Reading or writing the key file failed.
+    #[error("identity file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The key file exists but does not hold an ed25519 PKCS#8 key. It is left untouched: a node
+    /// never replaces a corrupt identity with a new one behind its operator's back.
+    #[error("identity file {path} is corrupt ({reason}); restore it from a backup or delete it to create a new identity")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        reason: String,
+    },
+    /// Encoding the key failed.
+    #[error("cannot encode the identity key: {0}")]
+    Encode(String),
+}
+
+/// A node's ed25519 key pair. Its public key is the node's [`PeerId`].
+#[derive(Clone)]
+pub struct Keypair {
+    signing: SigningKey,
+}
+
+impl fmt::Debug for Keypair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keypair")
+            .field("peer_id", &self.peer_id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Keypair {
+    /// A fresh key pair from the operating system's random number generator.
+    pub fn generate() -> Self {
+        let mut seed = [0u8; 32];
+        rand::rngs::StdRng::from_os_rng().fill_bytes(&mut seed);
+        Self::from_seed(seed)
+    }
+
+    /// The key pair whose secret is `seed` (for tests and the lab, where identities are derived
+    /// from a scenario seed).
+    pub fn from_seed(seed: [u8; 32]) -> Self {
+        Self {
+            signing: SigningKey::from_bytes(&seed),
+        }
+    }
+
+    /// This key's identity.
+    pub fn peer_id(&self) -> PeerId {
+        PeerId::from_bytes(self.signing.verifying_key().to_bytes())
+    }
+
+    /// The secret key as PKCS#8 DER, for TLS.
+    pub(crate) fn pkcs8_der(&self) -> Result<Vec<u8>, IdentityError> {
+        self.signing
+            .to_pkcs8_der()
+            .map(|document| document.as_bytes().to_vec())
+            .map_err(|error| IdentityError::Encode(error.to_string()))
+    }
+
+    /// Loads the identity from `data_dir/identity.pem`, creating the directory and a new identity
+    /// (file mode 0600) if there is none. A file that exists but does not parse is an error.
+    pub fn load_or_create(data_dir: &Path) -> Result<Self, IdentityError> {
+        let path = data_dir.join(IDENTITY_FILE);
+        match fs::read_to_string(&path) {
+            Ok(text) => Self::from_pem(&text).map_err(|reason| IdentityError::Corrupt {
+                path: path.clone(),
+                reason,
+            }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                let keypair = Self::generate();
+                keypair.save(&path)?;
+                Ok(keypair)
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::InvalidData => {
+                Err(IdentityError::Corrupt {
+                    path,
+                    reason: "not UTF-8 text".to_string(),
+                })
+            }
+            Err(source) => Err(IdentityError::Io { path, source }),
+        }
+    }
+
+    fn from_pem(text: &str) -> Result<Self, String> {
+        SigningKey::from_pkcs8_pem(text)
+            .map(|signing| Self { signing })
+            .map_err(|error| error.to_string())
+    }
+
+    /// Writes the identity to `path` with mode 0600, atomically (temporary file, then rename), and
+    /// refuses to overwrite an existing file.
+    pub fn save(&self, path: &Path) -> Result<(), IdentityError> {
+        let io = |source| IdentityError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(io)?;
+        }
+        let pem = self
+            .signing
+            .to_pkcs8_pem(Default::default())
+            .map_err(|error| IdentityError::Encode(error.to_string()))?;
+        let temporary = path.with_extension("pem.tmp");
+        let mut options = fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let _ = fs::remove_file(&temporary);
+        let mut file = options.open(&temporary).map_err(io)?;
+        file.write_all(pem.as_bytes()).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        drop(file);
+        if path.exists() {
+            let _ = fs::remove_file(&temporary);
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "refusing to overwrite an existing identity",
+            )));
+        }
+        fs::rename(&temporary, path).map_err(io)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn created_once_then_reloaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = Keypair::load_or_create(dir.path()).unwrap();
+        let second = Keypair::load_or_create(dir.path()).unwrap();
+        assert_eq!(first.peer_id(), second.peer_id());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(dir.path().join(IDENTITY_FILE))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+
+    #[test]
+    fn corrupt_file_is_an_error_not_a_new_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(IDENTITY_FILE);
+        fs::write(&path, "-----BEGIN PRIVATE KEY-----\ngarbage\n").unwrap();
+        let error = Keypair::load_or_create(dir.path()).unwrap_err();
+        assert!(matches!(error, IdentityError::Corrupt { .. }), "{error}");
+        assert_eq!(
+            fs::read_to_string(&path).unwrap(),
+            "-----BEGIN PRIVATE KEY-----\ngarbage\n"
+        );
+        fs::write(&path, [0xff, 0xfe, 0x00]).unwrap();
+        assert!(matches!(
+            Keypair::load_or_create(dir.path()),
+            Err(IdentityError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn seeded_keys_are_stable() {
+        assert_eq!(
+            Keypair::from_seed([1; 32]).peer_id(),
+            Keypair::from_seed([1; 32]).peer_id()
+        );
+        assert_ne!(
+            Keypair::from_seed([1; 32]).peer_id(),
+            Keypair::from_seed([2; 32]).peer_id()
+        );
+    }
+}

@@ -1,0 +1,200 @@
+//! Count what the node does, where it happens, in a prometheus-client registry the node owns.
+//!
+//! Every counter is updated by the code path that causes it (no reporter task samples shared
+//! state), so a scrape never races an update into a wrong value (the xx network's metrics race,
+//! `seeds/000`).
+
+use std::sync::Mutex;
+
+use meshwire_proto::PeerId;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Label naming why something happened.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// The reason, a short snake_case word.
+    pub reason: &'static str,
+}
+
+/// Label naming a peer (its short id).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabel {
+    /// The first ten characters of the peer id.
+    pub peer: String,
+}
+
+/// Label naming a request outcome.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// `ok`, `timeout`, `remote_error`, ...
+    pub outcome: &'static str,
+}
+
+/// The node's metrics. Handles are cheap to clone; all share the node's registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pub(crate) bytes_sent: Counter,
+    pub(crate) bytes_received: Counter,
+    pub(crate) frames_sent: Counter,
+    pub(crate) frames_received: Counter,
+    pub(crate) dropped: Family<ReasonLabel, Counter>,
+    pub(crate) frame_errors: Family<ReasonLabel, Counter>,
+    pub(crate) handshakes_refused: Counter,
+    pub(crate) reconnects: Counter,
+    pub(crate) connections: Gauge,
+    pub(crate) requests: Family<OutcomeLabel, Counter>,
+    pub(crate) request_seconds: Histogram,
+    pub(crate) peer_rtt_seconds: Family<PeerLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry under the `meshwire` prefix with every node metric registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("meshwire");
+        let metrics = Self {
+            registry: Mutex::new(Registry::default()),
+            bytes_sent: Counter::default(),
+            bytes_received: Counter::default(),
+            frames_sent: Counter::default(),
+            frames_received: Counter::default(),
+            dropped: Family::default(),
+            frame_errors: Family::default(),
+            handshakes_refused: Counter::default(),
+            reconnects: Counter::default(),
+            connections: Gauge::default(),
+            requests: Family::default(),
+            request_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            peer_rtt_seconds: Family::default(),
+        };
+        registry.register(
+            "bytes_sent",
+            "Frame bytes written to peers",
+            metrics.bytes_sent.clone(),
+        );
+        registry.register(
+            "bytes_received",
+            "Frame bytes read from peers",
+            metrics.bytes_received.clone(),
+        );
+        registry.register(
+            "frames_sent",
+            "Frames written to peers",
+            metrics.frames_sent.clone(),
+        );
+        registry.register(
+            "frames_received",
+            "Frames read from peers",
+            metrics.frames_received.clone(),
+        );
+        registry.register(
+            "dropped",
+            "Messages not delivered, by reason",
+            metrics.dropped.clone(),
+        );
+        registry.register(
+            "frame_errors",
+            "Malformed frames from peers (each closes the connection), by reason",
+            metrics.frame_errors.clone(),
+        );
+        registry.register(
+            "handshakes_refused",
+            "Dialing peers refused during the TLS handshake",
+            metrics.handshakes_refused.clone(),
+        );
+        registry.register(
+            "reconnects",
+            "Connections re-established to configured peers",
+            metrics.reconnects.clone(),
+        );
+        registry.register(
+            "connections",
+            "Open peer connections",
+            metrics.connections.clone(),
+        );
+        registry.register(
+            "requests",
+            "Requests made, by outcome",
+            metrics.requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Whole-exchange latency of successful requests",
+            metrics.request_seconds.clone(),
+        );
+        registry.register(
+            "peer_rtt_seconds",
+            "Smoothed round-trip time per peer, from QUIC path statistics",
+            metrics.peer_rtt_seconds.clone(),
+        );
+        *metrics.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
+        metrics
+    }
+
+    /// Runs `register` on the registry, so services can add their own metrics.
+    pub fn register_with(&self, register: impl FnOnce(&mut Registry)) {
+        register(&mut self.registry.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// The registry in the Prometheus text exposition format.
+    pub fn encode_text(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+
+    pub(crate) fn drop_message(&self, reason: &'static str) {
+        self.dropped.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    pub(crate) fn frame_error(&self, reason: &'static str) {
+        self.frame_errors
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub(crate) fn request_outcome(&self, outcome: &'static str) {
+        self.requests.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    pub(crate) fn observe_rtt(&self, peer: &PeerId, rtt: std::time::Duration) {
+        self.peer_rtt_seconds
+            .get_or_create(&PeerLabel { peer: peer.short() })
+            .set(rtt.as_secs_f64());
+    }
+
+    /// Current value of `meshwire_dropped_total{reason}` (for tests and status pages).
+    pub fn dropped_count(&self, reason: &'static str) -> u64 {
+        self.dropped.get_or_create(&ReasonLabel { reason }).get()
+    }
+
+    /// Current value of `meshwire_frame_errors_total{reason}`.
+    pub fn frame_error_count(&self, reason: &'static str) -> u64 {
+        self.frame_errors
+            .get_or_create(&ReasonLabel { reason })
+            .get()
+    }
+
+    /// Current value of `meshwire_reconnects_total`.
+    pub fn reconnect_count(&self) -> u64 {
+        self.reconnects.get()
+    }
+
+    /// Current value of `meshwire_handshakes_refused_total`.
+    pub fn handshakes_refused_count(&self) -> u64 {
+        self.handshakes_refused.get()
+    }
+}
