@@ -1,1 +1,122 @@
-fn main() {}
+//! Run meshwire from the command line: a node, its identity, or the demo.
+
+mod demo;
+mod settings;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+use clap::{Parser, Subcommand};
+use meshwire::{ConnectionEvent, Keypair, Node, ProtocolId};
+
+use crate::settings::{NodeArgs, Settings};
+
+/// Requests on this protocol are answered with their own body: `meshwire node` serves it so any
+/// peer can measure a round trip.
+pub const ECHO: ProtocolId = ProtocolId(0);
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "meshwire",
+    version,
+    about = "A networking stack for decentralized networks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a node until interrupted: dial configured peers, accept others, answer echo requests.
+    Node(NodeArgs),
+    /// Print the node's PeerId (creating its identity in the data directory on first use).
+    Id {
+        /// The node's data directory.
+        #[arg(long, default_value = "meshwire-data")]
+        data_dir: PathBuf,
+    },
+    /// Start 5 nodes on loopback, exchange messages, requests and a fan-out, print a table.
+    Demo,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    match cli.command {
+        Command::Node(args) => runtime.block_on(run_node(args)),
+        Command::Id { data_dir } => {
+            let keypair = Keypair::load_or_create(&data_dir)?;
+            println!("{}", keypair.peer_id());
+            Ok(())
+        }
+        Command::Demo => runtime.block_on(demo::run()),
+    }
+}
+
+async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
+    let settings = Settings::load(&args)?;
+    let keypair = Keypair::load_or_create(&settings.data_dir)?;
+    let mut config = meshwire::NodeConfig::new(keypair);
+    settings.apply(&mut config);
+    let node = Node::bind(config, settings.listen)
+        .with_context(|| format!("cannot start a node on {}", settings.listen))?;
+    node.handle(ECHO, |_, body: Bytes| async move { Ok(body) });
+    tracing::info!(
+        peer_id = %node.peer_id(),
+        address = %node.local_addr()?,
+        "node running; stop with ctrl-c"
+    );
+    let mut events = node.events();
+    for peer in &settings.peers {
+        node.add_peer(peer.address, peer.peer_id)?;
+    }
+    let mut status = tokio::time::interval(Duration::from_secs(30));
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            event = events.recv() => match event {
+                Ok(ConnectionEvent::Connected { peer, address, direction }) => {
+                    tracing::info!(peer = %peer, %address, ?direction, "connected");
+                }
+                Ok(ConnectionEvent::Disconnected { peer, reason }) => {
+                    tracing::info!(peer = %peer, %reason, "disconnected");
+                }
+                Ok(ConnectionEvent::Reconnecting { peer, attempt, delay }) => {
+                    tracing::info!(peer = %peer.short(), attempt, ?delay, "redialing");
+                }
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(skipped)) => {
+                    tracing::warn!(skipped, "missed connection events");
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            },
+            _ = status.tick() => {
+                for peer in node.peers() {
+                    tracing::info!(
+                        peer = %peer.peer.short(),
+                        connected = peer.connected,
+                        rtt_ms = peer.rtt.map(|rtt| rtt.as_secs_f64() * 1e3),
+                        queued = peer.queued_messages,
+                        "peer status"
+                    );
+                }
+            }
+        }
+    }
+    tracing::info!("shutting down");
+    node.close().await;
+    Ok(())
+}

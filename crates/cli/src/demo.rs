@@ -1,0 +1,249 @@
+//! Start five nodes on loopback and show them working: mesh, messages, requests, fan-out, bulk.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use bytes::Bytes;
+use meshwire::{Keypair, Node, NodeConfig, PeerId, ProtocolId};
+
+use crate::ECHO;
+
+const NODES: usize = 5;
+const CHAT: ProtocolId = ProtocolId(1);
+const BULK: ProtocolId = ProtocolId(2);
+const MESSAGES_PER_PAIR: u32 = 200;
+const MESSAGE_BYTES: usize = 1024;
+const PINGS_PER_PAIR: usize = 20;
+const FANOUT_BYTES: usize = 1024 * 1024;
+const BULK_MESSAGES: usize = 128;
+const BULK_MESSAGE_BYTES: usize = 1024 * 1024;
+const PATIENCE: Duration = Duration::from_secs(30);
+
+pub async fn run() -> anyhow::Result<()> {
+    tokio::time::timeout(Duration::from_secs(60), demo())
+        .await
+        .context("the demo did not finish within 60 s")?
+}
+
+async fn demo() -> anyhow::Result<()> {
+    let nodes = (0..NODES)
+        .map(|_| {
+            let node = Node::bind(
+                NodeConfig::new(Keypair::generate()),
+                "127.0.0.1:0".parse().expect("valid literal"),
+            )?;
+            node.handle(ECHO, |_, body: Bytes| async move { Ok(body) });
+            Ok(node)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let ids: Vec<PeerId> = nodes.iter().map(Node::peer_id).collect();
+    println!("meshwire demo: {NODES} nodes on loopback\n");
+    println!("{:<5} {:<12} {}", "node", "peer id", "address");
+    for (index, node) in nodes.iter().enumerate() {
+        println!(
+            "n{index:<4} {:<12} {}",
+            node.peer_id().short(),
+            node.local_addr()?
+        );
+    }
+    println!();
+    let mut rows: Vec<(&str, String)> = Vec::new();
+
+    // Mesh: every pair connected once, authenticated both ways.
+    let started = Instant::now();
+    for (i, node) in nodes.iter().enumerate() {
+        for other in &nodes[i + 1..] {
+            node.connect(other.local_addr()?, other.peer_id()).await?;
+        }
+    }
+    for node in &nodes {
+        let deadline = Instant::now() + PATIENCE;
+        while node.connected_peers().len() < NODES - 1 {
+            ensure!(Instant::now() < deadline, "mesh did not form");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    let pairs = NODES * (NODES - 1) / 2;
+    rows.push((
+        "mesh",
+        format!(
+            "{pairs}/{pairs} connections up in {:.1} ms",
+            ms(started.elapsed())
+        ),
+    ));
+
+    rows.push(("messages", messages(&nodes, &ids).await?));
+    rows.push(("requests", requests(&nodes, &ids).await?));
+    rows.push(("fan-out", fanout(&nodes, &ids).await?));
+    rows.push(("throughput", bulk(&nodes[0], &nodes[1]).await?));
+
+    println!("{:<12} result", "step");
+    for (step, result) in rows {
+        println!("{step:<12} {result}");
+    }
+    for node in &nodes {
+        node.close().await;
+    }
+    Ok(())
+}
+
+async fn messages(nodes: &[Node], ids: &[PeerId]) -> anyhow::Result<String> {
+    let mut inboxes = nodes
+        .iter()
+        .map(|node| node.subscribe(CHAT))
+        .collect::<Result<Vec<_>, _>>()?;
+    let started = Instant::now();
+    for (from, node) in nodes.iter().enumerate() {
+        for (to, id) in ids.iter().enumerate() {
+            if from == to {
+                continue;
+            }
+            for sequence in 0..MESSAGES_PER_PAIR {
+                let mut payload = vec![from as u8; MESSAGE_BYTES];
+                payload[..4].copy_from_slice(&sequence.to_le_bytes());
+                node.send(*id, CHAT, Bytes::from(payload)).await?;
+            }
+        }
+    }
+    let expected_per_node = (NODES - 1) * MESSAGES_PER_PAIR as usize;
+    let mut delivered = 0;
+    for (index, inbox) in inboxes.iter_mut().enumerate() {
+        let mut next = vec![0u32; NODES];
+        for _ in 0..expected_per_node {
+            let message = tokio::time::timeout(PATIENCE, inbox.recv())
+                .await
+                .with_context(|| format!("n{index} is missing messages"))?
+                .context("inbox closed")?;
+            let from = ids
+                .iter()
+                .position(|id| *id == message.from)
+                .context("message from a stranger")?;
+            let sequence = u32::from_le_bytes(message.payload[..4].try_into()?);
+            ensure!(
+                sequence == next[from],
+                "n{index}: message from n{from} out of order"
+            );
+            ensure!(
+                message.payload[4..].iter().all(|&b| b == from as u8),
+                "corrupt payload"
+            );
+            next[from] += 1;
+            delivered += 1;
+        }
+    }
+    let total = NODES * expected_per_node;
+    ensure!(delivered == total, "delivered {delivered} of {total}");
+    Ok(format!(
+        "{delivered}/{total} delivered in order ({MESSAGE_BYTES} B each, every pair) in {:.1} ms",
+        ms(started.elapsed())
+    ))
+}
+
+async fn requests(nodes: &[Node], ids: &[PeerId]) -> anyhow::Result<String> {
+    let mut rtts = Vec::new();
+    for (from, node) in nodes.iter().enumerate() {
+        for (to, id) in ids.iter().enumerate() {
+            if from == to {
+                continue;
+            }
+            for ping in 0..PINGS_PER_PAIR {
+                let body = Bytes::from(format!("ping {from}->{to} #{ping}"));
+                let started = Instant::now();
+                let answer = node
+                    .request(*id, ECHO, body.clone(), Duration::from_secs(5))
+                    .await?;
+                rtts.push(started.elapsed());
+                ensure!(answer == body, "echo mismatch");
+            }
+        }
+    }
+    rtts.sort();
+    let total = NODES * (NODES - 1) * PINGS_PER_PAIR;
+    Ok(format!(
+        "{}/{total} echoed, round trip p50 {:.2} ms, p99 {:.2} ms",
+        rtts.len(),
+        ms(percentile(&rtts, 0.50)),
+        ms(percentile(&rtts, 0.99)),
+    ))
+}
+
+async fn fanout(nodes: &[Node], ids: &[PeerId]) -> anyhow::Result<String> {
+    let mut inboxes = nodes[1..]
+        .iter()
+        .map(|node| node.subscribe(BULK))
+        .collect::<Result<Vec<_>, _>>()?;
+    let payload: Bytes = (0..FANOUT_BYTES).map(|i| (i % 251) as u8).collect();
+    let started = Instant::now();
+    let report = nodes[0].send_many(&ids[1..], BULK, payload.clone())?;
+    ensure!(
+        report.failed.is_empty(),
+        "fan-out refused: {:?}",
+        report.failed
+    );
+    let mut identical = 0;
+    for inbox in &mut inboxes {
+        let message = tokio::time::timeout(PATIENCE, inbox.recv())
+            .await
+            .context("fan-out message missing")?
+            .context("inbox closed")?;
+        if message.payload == payload {
+            identical += 1;
+        }
+    }
+    let peers = ids.len() - 1;
+    ensure!(
+        identical == peers,
+        "only {identical} of {peers} copies identical"
+    );
+    Ok(format!(
+        "1 MiB from n0 to {peers} peers, encoded once: {identical}/{peers} identical in {:.1} ms",
+        ms(started.elapsed())
+    ))
+}
+
+async fn bulk(from: &Node, to: &Node) -> anyhow::Result<String> {
+    // The fan-out step subscribed BULK on `to` already; use a protocol of its own.
+    let protocol = ProtocolId(3);
+    let mut inbox = to.subscribe(protocol)?;
+    let payload = Bytes::from(vec![7u8; BULK_MESSAGE_BYTES]);
+    let destination = to.peer_id();
+    let sender = from.clone();
+    let started = Instant::now();
+    let sending = tokio::spawn(async move {
+        for _ in 0..BULK_MESSAGES {
+            sender.send(destination, protocol, payload.clone()).await?;
+        }
+        Ok::<_, meshwire::SendError>(())
+    });
+    let mut bytes = 0usize;
+    for _ in 0..BULK_MESSAGES {
+        let message = tokio::time::timeout(PATIENCE, inbox.recv())
+            .await
+            .context("bulk message missing")?
+            .context("inbox closed")?;
+        bytes += message.payload.len();
+    }
+    sending.await??;
+    let elapsed = started.elapsed();
+    if bytes != BULK_MESSAGES * BULK_MESSAGE_BYTES {
+        bail!("bulk transfer incomplete: {bytes} bytes");
+    }
+    Ok(format!(
+        "n0 -> n1: {} MiB in {:.0} ms = {:.0} Mbit/s (one connection, loopback)",
+        bytes >> 20,
+        ms(elapsed),
+        bytes as f64 * 8.0 / elapsed.as_secs_f64() / 1e6
+    ))
+}
+
+fn percentile(sorted: &[Duration], quantile: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let index = ((sorted.len() - 1) as f64 * quantile).round() as usize;
+    sorted[index]
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}

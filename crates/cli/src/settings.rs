@@ -1,0 +1,237 @@
+//! Read `meshwire node` settings from a TOML file and command-line flags (flags win).
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use meshwire::{Congestion, NodeConfig, PeerId};
+use serde::Deserialize;
+
+/// Flags of `meshwire node`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NodeArgs {
+    /// A TOML file with any of the settings below (see docs/node.md).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The node's data directory (identity key).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// UDP address to listen on.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// A peer to keep connected, as PEERID@HOST:PORT (repeatable).
+    #[arg(long = "peer")]
+    pub peers: Vec<PeerAddress>,
+    /// Accept and dial only these peers (repeatable); without it, any peer may connect.
+    #[arg(long = "allow")]
+    pub allow: Vec<PeerId>,
+}
+
+/// A peer's identity and address: `PEERID@HOST:PORT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerAddress {
+    pub peer_id: PeerId,
+    pub address: SocketAddr,
+}
+
+impl FromStr for PeerAddress {
+    type Err = anyhow::Error;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (id, address) = text
+            .split_once('@')
+            .with_context(|| format!("peer {text:?} is not PEERID@HOST:PORT"))?;
+        Ok(Self {
+            peer_id: id
+                .parse()
+                .with_context(|| format!("bad peer id in {text:?}"))?,
+            address: address
+                .parse()
+                .with_context(|| format!("bad address in {text:?}"))?,
+        })
+    }
+}
+
+/// The settings file. Unknown keys are errors, so a typo is not silently ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSettings {
+    data_dir: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    #[serde(default)]
+    peers: Vec<String>,
+    allowlist: Option<Vec<String>>,
+    #[serde(default)]
+    transport: FileTransport,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileTransport {
+    bandwidth_mbit_per_s: Option<u64>,
+    max_rtt_ms: Option<u64>,
+    keep_alive_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+    congestion: Option<String>,
+}
+
+/// Settings resolved from file and flags.
+#[derive(Debug)]
+pub struct Settings {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub peers: Vec<PeerAddress>,
+    pub allowlist: Option<HashSet<PeerId>>,
+    transport: FileTransport,
+}
+
+impl Settings {
+    pub fn load(args: &NodeArgs) -> anyhow::Result<Self> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileSettings::default(),
+        };
+        let mut peers = file
+            .peers
+            .iter()
+            .map(|text| text.parse())
+            .collect::<anyhow::Result<Vec<PeerAddress>>>()?;
+        peers.extend(args.peers.iter().cloned());
+        let mut allowlist = match file.allowlist {
+            Some(list) => Some(
+                list.iter()
+                    .map(|id| {
+                        id.parse::<PeerId>()
+                            .with_context(|| format!("bad peer id {id:?} in allowlist"))
+                    })
+                    .collect::<anyhow::Result<HashSet<_>>>()?,
+            ),
+            None => None,
+        };
+        if !args.allow.is_empty() {
+            allowlist
+                .get_or_insert_with(HashSet::new)
+                .extend(args.allow.iter().copied());
+        }
+        if let Some(congestion) = &file.transport.congestion {
+            parse_congestion(congestion)?;
+        }
+        Ok(Self {
+            data_dir: args
+                .data_dir
+                .clone()
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from("meshwire-data")),
+            listen: args
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| "127.0.0.1:7700".parse().expect("valid literal")),
+            peers,
+            allowlist,
+            transport: file.transport,
+        })
+    }
+
+    pub fn apply(&self, config: &mut NodeConfig) {
+        config.allowlist = self.allowlist.clone();
+        let transport = &mut config.transport;
+        if let Some(mbit) = self.transport.bandwidth_mbit_per_s {
+            transport.bandwidth_bits_per_sec = mbit * 1_000_000;
+        }
+        if let Some(ms) = self.transport.max_rtt_ms {
+            transport.max_rtt = Duration::from_millis(ms);
+        }
+        if let Some(ms) = self.transport.keep_alive_ms {
+            transport.keep_alive = Duration::from_millis(ms);
+        }
+        if let Some(ms) = self.transport.idle_timeout_ms {
+            transport.idle_timeout = Duration::from_millis(ms);
+        }
+        if let Some(Ok(congestion)) = self.transport.congestion.as_deref().map(parse_congestion) {
+            transport.congestion = congestion;
+        }
+    }
+}
+
+fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("config file {} is invalid", path.display()))
+}
+
+fn parse_congestion(name: &str) -> anyhow::Result<Congestion> {
+    Ok(match name {
+        "cubic" => Congestion::Cubic,
+        "bbr" => Congestion::Bbr,
+        "newreno" => Congestion::NewReno,
+        other => bail!("unknown congestion controller {other:?} (cubic, bbr, newreno)"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(config: Option<PathBuf>) -> NodeArgs {
+        NodeArgs {
+            config,
+            data_dir: None,
+            listen: None,
+            peers: Vec::new(),
+            allow: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn parses_peer_addresses() {
+        let id = PeerId::from_bytes([5; 32]);
+        let parsed: PeerAddress = format!("{id}@127.0.0.1:9000").parse().unwrap();
+        assert_eq!(parsed.peer_id, id);
+        assert_eq!(parsed.address, "127.0.0.1:9000".parse().unwrap());
+        assert!("nonsense".parse::<PeerAddress>().is_err());
+        assert!(format!("{id}@nowhere").parse::<PeerAddress>().is_err());
+    }
+
+    #[test]
+    fn file_settings_and_flags_combine() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        let id = PeerId::from_bytes([5; 32]);
+        std::fs::write(
+            &path,
+            format!(
+                "listen = \"127.0.0.1:7000\"\npeers = [\"{id}@127.0.0.1:7001\"]\n\
+                 allowlist = [\"{id}\"]\n[transport]\ncongestion = \"bbr\"\nmax_rtt_ms = 50\n"
+            ),
+        )
+        .unwrap();
+        let mut flags = args(Some(path));
+        flags.listen = Some("127.0.0.1:7100".parse().unwrap());
+        let settings = Settings::load(&flags).unwrap();
+        assert_eq!(settings.listen, "127.0.0.1:7100".parse().unwrap());
+        assert_eq!(settings.peers.len(), 1);
+        let mut config = NodeConfig::new(meshwire::Keypair::from_seed([1; 32]));
+        settings.apply(&mut config);
+        assert_eq!(config.transport.congestion, Congestion::Bbr);
+        assert_eq!(config.transport.max_rtt, Duration::from_millis(50));
+        assert!(config.allowlist.unwrap().contains(&id));
+    }
+
+    #[test]
+    fn corrupt_files_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        std::fs::write(&path, "listen = \"127.0.0.1:7000\"\nlisten_port = 3\n").unwrap();
+        let error = format!(
+            "{:#}",
+            Settings::load(&args(Some(path.clone()))).unwrap_err()
+        );
+        assert!(error.contains("unknown field"), "{error}");
+        std::fs::write(&path, "[transport]\ncongestion = \"fast\"\n").unwrap();
+        let error = format!("{:#}", Settings::load(&args(Some(path))).unwrap_err());
+        assert!(error.contains("unknown congestion"), "{error}");
+    }
+}
