@@ -38,7 +38,7 @@ async fn demo() -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let ids: Vec<PeerId> = nodes.iter().map(Node::peer_id).collect();
     println!("meshwire demo: {NODES} nodes on loopback\n");
-    println!("{:<5} {:<12} {}", "node", "peer id", "address");
+    println!("node  peer id      address");
     for (index, node) in nodes.iter().enumerate() {
         println!(
             "n{index:<4} {:<12} {}",
@@ -108,7 +108,7 @@ async fn messages(nodes: &[Node], ids: &[PeerId]) -> anyhow::Result<String> {
     let expected_per_node = (NODES - 1) * MESSAGES_PER_PAIR as usize;
     let mut delivered = 0;
     for (index, inbox) in inboxes.iter_mut().enumerate() {
-        let mut next = vec![0u32; NODES];
+        let mut next = [0u32; NODES];
         for _ in 0..expected_per_node {
             let message = tokio::time::timeout(PATIENCE, inbox.recv())
                 .await
