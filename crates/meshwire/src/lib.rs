@@ -18,6 +18,11 @@
 //! # Ok(()) }
 //! ```
 
+/// The README's example, compiled and run as a doc test so it stays true.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 mod config;
 mod framing;
 mod identity;
