@@ -1,6 +1,7 @@
 //! Run meshwire from the command line: a node, its identity, or the demo.
 
 mod demo;
+mod lab;
 mod settings;
 
 use std::path::PathBuf;
@@ -40,6 +41,9 @@ enum Command {
     },
     /// Start 5 nodes on loopback, exchange messages, requests and a fan-out, print a table.
     Demo,
+    /// Run emulated-network scenarios in virtual time.
+    #[command(subcommand)]
+    Lab(lab::LabCommand),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -47,7 +51,7 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,turmoil=warn")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -63,6 +67,8 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Demo => runtime.block_on(demo::run()),
+        // The lab drives its own virtual-time runtimes.
+        Command::Lab(command) => lab::run(command),
     }
 }
 

@@ -145,7 +145,8 @@ pub struct NodeConfig {
     pub dial_timeout: Duration,
     /// How long a peer may take to send a whole request to this node.
     pub inbound_request_timeout: Duration,
-    /// Seed for the reconnect jitter; `None` draws one from the OS. The lab sets it.
+    /// Seed for the reconnect jitter and QUIC's connection ids; `None` draws one from the OS. The
+    /// lab sets it so runs repeat exactly.
     pub rng_seed: Option<u64>,
 }
 

@@ -436,8 +436,16 @@ impl Node {
             tls::server_crypto(&tls, allowlist.clone(), metrics.handshakes_refused.clone())?;
         let mut server_config = quinn::ServerConfig::with_crypto(server_crypto);
         server_config.transport_config(transport.clone());
+        let mut endpoint_config = quinn::EndpointConfig::default();
+        if let Some(seed) = config.rng_seed {
+            // quinn draws connection ids and packet-number skips from this: seeded, a lab run
+            // repeats exactly.
+            let mut bytes = [0u8; 32];
+            bytes[..8].copy_from_slice(&seed.to_le_bytes());
+            endpoint_config.rng_seed(Some(bytes));
+        }
         let endpoint = quinn::Endpoint::new_with_abstract_socket(
-            quinn::EndpointConfig::default(),
+            endpoint_config,
             Some(server_config),
             socket,
             Arc::new(quinn::TokioRuntime),

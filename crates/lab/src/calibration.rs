@@ -1,0 +1,381 @@
+//! Prove the emulator against theory: round trip, bulk goodput with and without BDP windows,
+//! packet rate, loss, and a partition.
+//!
+//! Every case runs two hosts, `a` and `b`, joined by the case's link in both directions. The `rtt`,
+//! `bulk` and `partition` workloads run real meshwire nodes; `pps` and `loss` send raw datagrams
+//! through the emulated socket, so they measure the emulator alone.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use meshwire::{Congestion, NodeConfig, ProtocolId};
+use tokio::time::Instant;
+
+use crate::lab::{Lab, LabEvent};
+use crate::scenario::{round_metric, CaseFile, ScenarioError};
+
+const ECHO: ProtocolId = ProtocolId(0);
+const DATA: ProtocolId = ProtocolId(1);
+const RAW_PORT: u16 = 9000;
+
+type Metrics = BTreeMap<String, f64>;
+type Shared<T> = Rc<RefCell<T>>;
+
+fn failed(case: &CaseFile, reason: impl Into<String>) -> ScenarioError {
+    ScenarioError::Failed {
+        case: case.name.clone(),
+        reason: reason.into(),
+    }
+}
+
+/// Runs one calibration case and returns its metrics.
+pub fn run_case(
+    case: &CaseFile,
+    seed: u64,
+    progress: &mut dyn FnMut(Duration),
+) -> Result<Metrics, ScenarioError> {
+    let spec = case.link.spec().map_err(|reason| failed(case, reason))?;
+    let mut lab = Lab::new(seed, spec, case.duration() + Duration::from_secs(1));
+    let metrics: Shared<Metrics> = Rc::default();
+    match case.workload.as_str() {
+        "rtt" => rtt(&mut lab, case, metrics.clone())?,
+        "bulk" => bulk(&mut lab, case, metrics.clone())?,
+        "pps" => packet_rate(&mut lab, case, metrics.clone())?,
+        "loss" => loss(&mut lab, case, metrics.clone())?,
+        "partition" => partition(&mut lab, case, metrics.clone())?,
+        other => {
+            return Err(failed(
+                case,
+                format!("unknown calibration workload {other:?}"),
+            ))
+        }
+    }
+    lab.link_both("a", "b", spec)
+        .map_err(|error| failed(case, error.to_string()))?;
+    let finished = lab
+        .run(case.duration(), progress)
+        .map_err(|error| failed(case, error.to_string()))?;
+    if !finished {
+        return Err(failed(
+            case,
+            format!(
+                "did not finish within {} s of virtual time",
+                case.duration_s
+            ),
+        ));
+    }
+    let metrics = metrics
+        .borrow()
+        .iter()
+        .map(|(k, v)| (k.clone(), round_metric(*v)))
+        .collect();
+    Ok(metrics)
+}
+
+fn serve_forever(lab: &mut Lab, configure: impl Fn(&mut NodeConfig) + 'static) {
+    let configure = Rc::new(configure);
+    lab.host("b", move |context| {
+        let configure = configure.clone();
+        async move {
+            let mut config = context.node_config();
+            configure(&mut config);
+            let (node, _) = context.start_node(config).await?;
+            node.handle(ECHO, |_, body: Bytes| async move { Ok(body) });
+            std::future::pending::<()>().await;
+            Ok(())
+        }
+    });
+}
+
+/// Median round trip of echo requests on a warm connection.
+fn rtt(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), ScenarioError> {
+    let samples = case.param_u64("requests", 21)? as usize;
+    serve_forever(lab, |_| {});
+    let b = lab
+        .node_address("b")
+        .map_err(|e| failed(case, e.to_string()))?;
+    let b_id = lab.peer_id("b");
+    lab.client("a", move |context| async move {
+        let (node, _) = context.start_node(context.node_config()).await?;
+        node.connect(b, b_id).await?;
+        for _ in 0..3 {
+            node.request(
+                b_id,
+                ECHO,
+                Bytes::from_static(b"warm"),
+                Duration::from_secs(5),
+            )
+            .await?;
+        }
+        let mut rtts = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            let started = Instant::now();
+            node.request(
+                b_id,
+                ECHO,
+                Bytes::from_static(b"ping"),
+                Duration::from_secs(5),
+            )
+            .await?;
+            rtts.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        rtts.sort_by(f64::total_cmp);
+        metrics
+            .borrow_mut()
+            .insert("rtt_ms".into(), rtts[rtts.len() / 2]);
+        Ok(())
+    });
+    Ok(())
+}
+
+/// Goodput of a bulk stream of 1 MiB messages from a to b, first byte sent to last byte received.
+fn bulk(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), ScenarioError> {
+    let total_mib = case.param_u64("mebibytes", 200)?;
+    let window_bytes = case.param_u64("stream_window_bytes", 0)?;
+    let warmup_mib = case.param_u64("warmup_mebibytes", 0)?;
+    // Windows: the node's bandwidth-delay setting, or a fixed stream window (quinn's default is
+    // 1.25 MB).
+    let congestion = match case.params.get("congestion").and_then(|v| v.as_str()) {
+        None | Some("cubic") => Congestion::Cubic,
+        Some("bbr") => Congestion::Bbr,
+        Some("newreno") => Congestion::NewReno,
+        Some(other) => {
+            return Err(failed(
+                case,
+                format!("unknown congestion controller {other:?}"),
+            ))
+        }
+    };
+    let configure = move |config: &mut NodeConfig| {
+        config.transport.congestion = congestion;
+        if window_bytes > 0 {
+            config.transport.bandwidth_bits_per_sec = window_bytes * 8;
+            config.transport.max_rtt = Duration::from_secs(1);
+        }
+    };
+    let received: Shared<(u64, Option<Instant>)> = Rc::default();
+    let expected = (total_mib + warmup_mib) << 20;
+    {
+        let received = received.clone();
+        lab.host("b", move |context| {
+            let received = received.clone();
+            async move {
+                let mut config = context.node_config();
+                configure(&mut config);
+                let (node, _) = context.start_node(config).await?;
+                let mut inbox = node.subscribe(DATA)?;
+                while let Some(message) = inbox.recv().await {
+                    let mut state = received.borrow_mut();
+                    state.0 += message.payload.len() as u64;
+                    state.1 = Some(Instant::now());
+                }
+                Ok(())
+            }
+        });
+    }
+    let b = lab
+        .node_address("b")
+        .map_err(|e| failed(case, e.to_string()))?;
+    let b_id = lab.peer_id("b");
+    lab.client("a", move |context| async move {
+        let mut config = context.node_config();
+        configure(&mut config);
+        let (node, stats) = context.start_node(config).await?;
+        node.connect(b, b_id).await?;
+        let chunk = Bytes::from(vec![0x5a; 1 << 20]);
+        for _ in 0..warmup_mib {
+            node.send(b_id, DATA, chunk.clone()).await?;
+        }
+        while received.borrow().0 < warmup_mib << 20 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let started = Instant::now();
+        for _ in 0..total_mib {
+            node.send(b_id, DATA, chunk.clone()).await?;
+        }
+        while received.borrow().0 < expected {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let finished = received.borrow().1.unwrap_or(started);
+        let seconds = (finished - started).as_secs_f64();
+        let bits = (total_mib << 20) as f64 * 8.0;
+        let mut metrics = metrics.borrow_mut();
+        metrics.insert("goodput_mbit_per_s".into(), bits / seconds / 1e6);
+        metrics.insert(
+            "sender_queue_drops".into(),
+            crate::socket::SocketStats::get(&stats.queue_drops) as f64,
+        );
+
+        Ok(())
+    });
+    Ok(())
+}
+
+/// Raw datagrams offered faster than a packets-per-second link: the delivered rate.
+fn packet_rate(
+    lab: &mut Lab,
+    case: &CaseFile,
+    metrics: Shared<Metrics>,
+) -> Result<(), ScenarioError> {
+    let seconds = case.param_u64("seconds", 10)?;
+    let offered = case.param_u64("offered_packets_per_s", 2048)?;
+    let arrivals: Shared<Vec<Instant>> = Rc::default();
+    {
+        let arrivals = arrivals.clone();
+        lab.host("b", move |context| {
+            let arrivals = arrivals.clone();
+            async move {
+                let socket = context.bind(RAW_PORT).await?;
+                while socket.recv_datagram().await.is_some() {
+                    arrivals.borrow_mut().push(Instant::now());
+                }
+                Ok(())
+            }
+        });
+    }
+    let b = std::net::SocketAddr::new(
+        lab.ip("b").map_err(|e| failed(case, e.to_string()))?,
+        RAW_PORT,
+    );
+    lab.client("a", move |context| async move {
+        let socket = context.bind(RAW_PORT).await?;
+        let payload = vec![0u8; 1024];
+        let interval = Duration::from_secs(1) / offered as u32;
+        let started = Instant::now();
+        let mut ticker = tokio::time::interval(Duration::from_millis(1));
+        let mut sent = 0u64;
+        while started.elapsed() < Duration::from_secs(seconds) {
+            ticker.tick().await;
+            let due = (started.elapsed().as_nanos() / interval.as_nanos().max(1)) as u64;
+            while sent < due {
+                socket.send_datagram(b, &payload, None);
+                sent += 1;
+            }
+        }
+        // Let the queue drain, then measure the steady middle: skip the first and last second.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let arrivals = arrivals.borrow();
+        let from = started + Duration::from_secs(1);
+        let to = started + Duration::from_secs(seconds.saturating_sub(1).max(2));
+        let counted = arrivals
+            .iter()
+            .filter(|at| **at >= from && **at < to)
+            .count();
+        let window = (to - from).as_secs_f64();
+        metrics
+            .borrow_mut()
+            .insert("goodput_packets_per_s".into(), counted as f64 / window);
+        Ok(())
+    });
+    Ok(())
+}
+
+/// Raw datagrams over a lossy link: the share that never arrived.
+fn loss(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), ScenarioError> {
+    let datagrams = case.param_u64("datagrams", 100_000)?;
+    let per_ms = case.param_u64("datagrams_per_ms", 100)?;
+    let received: Shared<u64> = Rc::default();
+    {
+        let received = received.clone();
+        lab.host("b", move |context| {
+            let received = received.clone();
+            async move {
+                let socket = context.bind(RAW_PORT).await?;
+                while socket.recv_datagram().await.is_some() {
+                    *received.borrow_mut() += 1;
+                }
+                Ok(())
+            }
+        });
+    }
+    let b = std::net::SocketAddr::new(
+        lab.ip("b").map_err(|e| failed(case, e.to_string()))?,
+        RAW_PORT,
+    );
+    lab.client("a", move |context| async move {
+        let socket = context.bind(RAW_PORT).await?;
+        let payload = [1u8; 64];
+        let mut sent = 0;
+        while sent < datagrams {
+            for _ in 0..per_ms.min(datagrams - sent) {
+                socket.send_datagram(b, &payload, None);
+                sent += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let arrived = *received.borrow();
+        metrics
+            .borrow_mut()
+            .insert("loss_ratio".into(), 1.0 - arrived as f64 / sent as f64);
+        metrics
+            .borrow_mut()
+            .insert("datagrams_sent".into(), sent as f64);
+        Ok(())
+    });
+    Ok(())
+}
+
+/// Messages every 10 ms across a link cut for a while: none may arrive during the cut, and how long
+/// after the repair they flow again.
+fn partition(
+    lab: &mut Lab,
+    case: &CaseFile,
+    metrics: Shared<Metrics>,
+) -> Result<(), ScenarioError> {
+    let cut_at = Duration::from_millis(case.param_u64("partition_at_ms", 2000)?);
+    let cut_for = Duration::from_millis(case.param_u64("partition_ms", 2000)?);
+    let run_for = Duration::from_millis(case.param_u64("run_ms", 8000)?);
+    let latency = Duration::from_millis(case.link.latency_ms);
+    let arrivals: Shared<Vec<Instant>> = Rc::default();
+    {
+        let arrivals = arrivals.clone();
+        lab.host("b", move |context| {
+            let arrivals = arrivals.clone();
+            async move {
+                let (node, _) = context.start_node(context.node_config()).await?;
+                let mut inbox = node.subscribe(DATA)?;
+                while inbox.recv().await.is_some() {
+                    arrivals.borrow_mut().push(Instant::now());
+                }
+                Ok(())
+            }
+        });
+    }
+    let b = lab
+        .node_address("b")
+        .map_err(|e| failed(case, e.to_string()))?;
+    let b_id = lab.peer_id("b");
+    lab.client("a", move |context| async move {
+        let start = Instant::now();
+        let (node, _) = context.start_node(context.node_config()).await?;
+        node.add_peer(b, b_id)?;
+        let mut ticker = tokio::time::interval(Duration::from_millis(10));
+        while start.elapsed() < run_for {
+            ticker.tick().await;
+            // A full queue is fine here: the partition is supposed to stop delivery.
+            let _ = node.try_send(b_id, DATA, Bytes::from_static(b"tick"));
+        }
+        let cut = start + cut_at;
+        let repair = cut + cut_for;
+        let arrivals = arrivals.borrow();
+        let during = arrivals
+            .iter()
+            .filter(|at| **at >= cut + latency && **at < repair)
+            .count();
+        let first_after = arrivals.iter().find(|at| **at >= repair);
+        let mut metrics = metrics.borrow_mut();
+        metrics.insert("delivered_during_partition".into(), during as f64);
+        metrics.insert(
+            "reconnect_ms".into(),
+            first_after.map_or(f64::NAN, |at| (*at - repair).as_secs_f64() * 1e3),
+        );
+        Ok(())
+    });
+    lab.at(cut_at, LabEvent::Partition("a".into(), "b".into()));
+    lab.at(cut_at + cut_for, LabEvent::Repair("a".into(), "b".into()));
+    Ok(())
+}

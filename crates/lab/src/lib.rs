@@ -1,0 +1,52 @@
+//! Run the real meshwire stack over emulated WAN links in virtual time.
+//!
+//! The lab puts unmodified [`meshwire::Node`]s on turmoil hosts. Each node's QUIC endpoint runs on
+//! a [`socket::LabSocket`], which adds what turmoil lacks — per-link serialization at a rate, bounded
+//! drop-tail queues, i.i.d. loss, jitter, ECN — while turmoil provides latency, partitions and
+//! crashes. The same socket runs over real UDP in real time for cross-checks. Scenario files
+//! (`scenarios/*.toml`, format in `docs/scenarios.md`) describe experiments; [`run_scenario`] runs
+//! one and returns its [`Report`].
+
+pub mod calibration;
+pub mod lab;
+pub mod link;
+pub mod scenario;
+pub mod socket;
+
+use std::time::Duration;
+
+pub use lab::{HostContext, Lab, LabError, LabEvent};
+pub use link::{LinkSpec, Rate};
+pub use scenario::{CaseResult, Report, ScenarioError, ScenarioFile};
+pub use socket::{LabSocket, Network, SocketStats};
+
+/// Runs every case of `scenario` under every policy with `seed`. `progress` hears the case name
+/// and virtual time elapsed in it.
+pub fn run_scenario(
+    scenario: &ScenarioFile,
+    seed: u64,
+    mut progress: impl FnMut(&str, Duration),
+) -> Result<Report, ScenarioError> {
+    let mut report = Report::new(scenario, seed);
+    for case in &scenario.cases {
+        for policy in &scenario.policies {
+            let label = format!("{} / {}", case.name, policy);
+            let mut tick = |elapsed: Duration| progress(&label, elapsed);
+            let metrics = match (scenario.kind.as_str(), policy.as_str()) {
+                ("calibration", "meshwire") => calibration::run_case(case, seed, &mut tick)?,
+                (kind, policy) => {
+                    return Err(ScenarioError::Invalid {
+                        path: scenario.name.clone(),
+                        reason: format!("no runner for kind {kind:?} with policy {policy:?}"),
+                    })
+                }
+            };
+            report.results.push(CaseResult {
+                case: case.name.clone(),
+                policy: policy.clone(),
+                metrics,
+            });
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,365 @@
+//! Read scenario files and turn runs into the report every scenario prints: a table or one JSON object.
+//!
+//! The file format is documented in `docs/scenarios.md`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::link::{LinkSpec, Rate};
+
+/// Why a scenario could not be loaded or run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScenarioError {
+    /// The file could not be read.
+    #[error("cannot read scenario {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The file is not a valid scenario.
+    #[error("scenario {path} is invalid: {reason}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The scenario ran but an experiment failed.
+    #[error("case {case}: {reason}")]
+    Failed {
+        /// The case.
+        case: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// A link as scenario files write it.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkFile {
+    /// One-way latency in milliseconds.
+    pub latency_ms: u64,
+    /// Bit rate in Mbit/s (exclusive with `rate_packets_per_s`); neither means unlimited.
+    pub rate_mbit_per_s: Option<f64>,
+    /// Packet rate (exclusive with `rate_mbit_per_s`).
+    pub rate_packets_per_s: Option<u64>,
+    /// Egress queue in bytes; default one round-trip bandwidth-delay product, at least 64 KiB.
+    pub queue_bytes: Option<usize>,
+    /// i.i.d. loss probability.
+    #[serde(default)]
+    pub loss: f64,
+    /// Maximum extra delay per datagram in milliseconds.
+    #[serde(default)]
+    pub jitter_ms: u64,
+}
+
+impl LinkFile {
+    /// The emulator's spec for this link.
+    pub fn spec(&self) -> Result<LinkSpec, String> {
+        let latency = Duration::from_millis(self.latency_ms);
+        let rate = match (self.rate_mbit_per_s, self.rate_packets_per_s) {
+            (Some(_), Some(_)) => {
+                return Err("give rate_mbit_per_s or rate_packets_per_s, not both".into())
+            }
+            (Some(mbit), None) if mbit > 0.0 => Rate::BitsPerSec((mbit * 1e6) as u64),
+            (None, Some(packets)) if packets > 0 => Rate::PacketsPerSec(packets),
+            (None, None) => Rate::Unlimited,
+            _ => return Err("rates must be positive".into()),
+        };
+        if !(0.0..1.0).contains(&self.loss) {
+            return Err(format!("loss {} is not in [0, 1)", self.loss));
+        }
+        let bytes_per_rtt = match rate {
+            Rate::BitsPerSec(bits) => {
+                (u128::from(bits) * latency.as_micros() * 2 / 8_000_000) as usize
+            }
+            Rate::PacketsPerSec(packets) => {
+                (u128::from(packets) * 1500 * latency.as_micros() * 2 / 1_000_000) as usize
+            }
+            Rate::Unlimited => 0,
+        };
+        Ok(LinkSpec {
+            latency,
+            rate,
+            queue_bytes: self.queue_bytes.unwrap_or(bytes_per_rtt.max(64 * 1024)),
+            loss: self.loss,
+            jitter: Duration::from_millis(self.jitter_ms),
+        })
+    }
+}
+
+/// One case of a scenario: an experiment with its link and parameters.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseFile {
+    /// The case's name (a metric row label).
+    pub name: String,
+    /// Which experiment runs (the scenario kind defines the choices).
+    pub workload: String,
+    /// The link between the hosts, both directions.
+    pub link: LinkFile,
+    /// Virtual time limit in seconds.
+    pub duration_s: f64,
+    /// Experiment parameters.
+    #[serde(default)]
+    pub params: BTreeMap<String, toml::Value>,
+}
+
+impl CaseFile {
+    /// An integer parameter, or `default`.
+    pub fn param_u64(&self, key: &str, default: u64) -> Result<u64, ScenarioError> {
+        match self.params.get(key) {
+            None => Ok(default),
+            Some(toml::Value::Integer(value)) if *value >= 0 => Ok(*value as u64),
+            Some(other) => Err(ScenarioError::Failed {
+                case: self.name.clone(),
+                reason: format!("parameter {key} must be a non-negative integer, got {other}"),
+            }),
+        }
+    }
+
+    /// The virtual time limit.
+    pub fn duration(&self) -> Duration {
+        Duration::from_secs_f64(self.duration_s.max(0.0))
+    }
+}
+
+/// A scenario file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFile {
+    /// Short name, printed in reports.
+    pub name: String,
+    /// One line saying what the scenario shows.
+    pub description: String,
+    /// Which runner executes it.
+    pub kind: String,
+    /// Default seed (`--seed` overrides).
+    pub seed: u64,
+    /// Policies compared side by side.
+    pub policies: Vec<String>,
+    /// The experiments.
+    #[serde(rename = "case")]
+    pub cases: Vec<CaseFile>,
+    /// Published or theoretical figures printed beside the results.
+    #[serde(default)]
+    pub anchors: BTreeMap<String, toml::Value>,
+}
+
+impl ScenarioFile {
+    /// Reads and checks a scenario file.
+    pub fn load(path: &Path) -> Result<Self, ScenarioError> {
+        let display = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+            path: display.clone(),
+            source,
+        })?;
+        Self::parse(&text, &display)
+    }
+
+    /// Parses scenario text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ScenarioError> {
+        let invalid = |reason: String| ScenarioError::Invalid {
+            path: origin.to_string(),
+            reason,
+        };
+        let scenario: Self = toml::from_str(text).map_err(|error| invalid(error.to_string()))?;
+        if scenario.cases.is_empty() {
+            return Err(invalid("a scenario needs at least one [[case]]".into()));
+        }
+        if scenario.policies.is_empty() {
+            return Err(invalid("a scenario needs at least one policy".into()));
+        }
+        for case in &scenario.cases {
+            case.link
+                .spec()
+                .map_err(|reason| invalid(format!("case {}: {reason}", case.name)))?;
+        }
+        Ok(scenario)
+    }
+}
+
+/// One case's measurements under one policy.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CaseResult {
+    /// The case.
+    pub case: String,
+    /// The policy.
+    pub policy: String,
+    /// Metric name to value.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// What `meshwire lab run --json` prints.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// Scenario name.
+    pub scenario: String,
+    /// The seed used.
+    pub seed: u64,
+    /// Every case under every policy.
+    pub results: Vec<CaseResult>,
+    /// Published or theoretical figures.
+    pub anchors: BTreeMap<String, serde_json::Value>,
+}
+
+impl Report {
+    /// A report with the scenario's anchors and no results yet.
+    pub fn new(scenario: &ScenarioFile, seed: u64) -> Self {
+        let anchors = scenario
+            .anchors
+            .iter()
+            .map(|(key, value)| (key.clone(), toml_to_json(value)))
+            .collect();
+        Self {
+            scenario: scenario.name.clone(),
+            seed,
+            results: Vec::new(),
+            anchors,
+        }
+    }
+
+    /// The report as one line of JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|error| format!("{{\"error\":\"{error}\"}}"))
+    }
+
+    /// The report as a plain-text table (also valid Markdown).
+    pub fn to_table(&self) -> String {
+        let mut out = format!("scenario `{}` (seed {})\n\n", self.scenario, self.seed);
+        out.push_str("| case | policy | metric | value |\n|---|---|---|---|\n");
+        for result in &self.results {
+            for (metric, value) in &result.metrics {
+                out.push_str(&format!(
+                    "| {} | {} | {} | {} |\n",
+                    result.case,
+                    result.policy,
+                    metric,
+                    format_number(*value)
+                ));
+            }
+        }
+        if !self.anchors.is_empty() {
+            out.push_str("\n| anchor | value |\n|---|---|\n");
+            for (name, value) in &self.anchors {
+                out.push_str(&format!("| {name} | {value} |\n"));
+            }
+        }
+        out
+    }
+}
+
+/// Rounds for display: integers as integers, others to 3 significant decimals.
+pub fn format_number(value: f64) -> String {
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        format!("{value:.0}")
+    } else if value.abs() >= 100.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.3}")
+    }
+}
+
+/// Rounds a metric to 6 significant digits so reports are stable and readable.
+pub fn round_metric(value: f64) -> f64 {
+    if value == 0.0 || !value.is_finite() {
+        return value;
+    }
+    let digits = 6 - value.abs().log10().ceil() as i32;
+    let scale = 10f64.powi(digits);
+    (value * scale).round() / scale
+}
+
+fn toml_to_json(value: &toml::Value) -> serde_json::Value {
+    match value {
+        toml::Value::String(text) => serde_json::Value::String(text.clone()),
+        toml::Value::Integer(number) => serde_json::Value::from(*number),
+        toml::Value::Float(number) => serde_json::Value::from(*number),
+        toml::Value::Boolean(flag) => serde_json::Value::Bool(*flag),
+        toml::Value::Datetime(time) => serde_json::Value::String(time.to_string()),
+        toml::Value::Array(items) => {
+            serde_json::Value::Array(items.iter().map(toml_to_json).collect())
+        }
+        toml::Value::Table(table) => serde_json::Value::Object(
+            table
+                .iter()
+                .map(|(key, value)| (key.clone(), toml_to_json(value)))
+                .collect(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+name = "t"
+description = "d"
+kind = "calibration"
+seed = 7
+policies = ["meshwire"]
+[[case]]
+name = "rtt"
+workload = "rtt"
+duration_s = 5
+link = { latency_ms = 45, rate_mbit_per_s = 1000 }
+[anchors]
+rtt_ms = 90
+"#;
+
+    #[test]
+    fn parses_and_reports() {
+        let scenario = ScenarioFile::parse(MINIMAL, "inline").unwrap();
+        let spec = scenario.cases[0].link.spec().unwrap();
+        assert_eq!(spec.rate, Rate::BitsPerSec(1_000_000_000));
+        assert_eq!(spec.queue_bytes, 11_250_000);
+        let mut report = Report::new(&scenario, 7);
+        report.results.push(CaseResult {
+            case: "rtt".into(),
+            policy: "meshwire".into(),
+            metrics: [("rtt_ms".to_string(), 90.0)].into_iter().collect(),
+        });
+        assert_eq!(
+            report.to_json(),
+            r#"{"scenario":"t","seed":7,"results":[{"case":"rtt","policy":"meshwire","metrics":{"rtt_ms":90.0}}],"anchors":{"rtt_ms":90}}"#
+        );
+        assert!(report
+            .to_table()
+            .contains("| rtt | meshwire | rtt_ms | 90 |"));
+    }
+
+    #[test]
+    fn rejects_bad_files_clearly() {
+        let typo = MINIMAL.replace("duration_s", "duration_sec");
+        assert!(ScenarioFile::parse(&typo, "typo")
+            .unwrap_err()
+            .to_string()
+            .contains("duration"));
+        let both = MINIMAL.replace(
+            "rate_mbit_per_s = 1000",
+            "rate_mbit_per_s = 1000, rate_packets_per_s = 5",
+        );
+        assert!(ScenarioFile::parse(&both, "both")
+            .unwrap_err()
+            .to_string()
+            .contains("not both"));
+        let loss = MINIMAL.replace("rate_mbit_per_s = 1000", "loss = 1.5");
+        assert!(ScenarioFile::parse(&loss, "loss").is_err());
+    }
+
+    #[test]
+    fn rounding_is_stable() {
+        assert_eq!(round_metric(90.000_000_1), 90.0);
+        assert_eq!(round_metric(0.123_456_789), 0.123_457);
+        assert_eq!(format_number(90.0), "90");
+        assert_eq!(format_number(0.1), "0.100");
+    }
+}
