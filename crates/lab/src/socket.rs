@@ -494,7 +494,6 @@ impl quinn::AsyncUdpSocket for LabSocket {
                 stride: len,
                 ecn: EcnCodepoint::from_bits(bytes[0]),
                 dst_ip: Some(self.local.ip()),
-                ..RecvMeta::default()
             };
             filled += 1;
         }
