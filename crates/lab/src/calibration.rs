@@ -14,7 +14,7 @@ use bytes::Bytes;
 use meshwire::{Congestion, NodeConfig, ProtocolId};
 use tokio::time::Instant;
 
-use crate::lab::{Lab, LabEvent};
+use crate::lab::{clock, Lab, LabEvent};
 use crate::scenario::{round_metric, CaseFile, ScenarioError};
 
 const ECHO: ProtocolId = ProtocolId(0);
@@ -156,7 +156,7 @@ fn bulk(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), 
             config.transport.max_rtt = Duration::from_secs(1);
         }
     };
-    let received: Shared<(u64, Option<Instant>)> = Rc::default();
+    let received: Shared<(u64, Option<Duration>)> = Rc::default();
     let expected = (total_mib + warmup_mib) << 20;
     {
         let received = received.clone();
@@ -170,7 +170,7 @@ fn bulk(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), 
                 while let Some(message) = inbox.recv().await {
                     let mut state = received.borrow_mut();
                     state.0 += message.payload.len() as u64;
-                    state.1 = Some(Instant::now());
+                    state.1 = Some(clock());
                 }
                 Ok(())
             }
@@ -192,7 +192,7 @@ fn bulk(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), 
         while received.borrow().0 < warmup_mib << 20 {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let started = Instant::now();
+        let started = clock();
         for _ in 0..total_mib {
             node.send(b_id, DATA, chunk.clone()).await?;
         }
@@ -222,7 +222,7 @@ fn packet_rate(
 ) -> Result<(), ScenarioError> {
     let seconds = case.param_u64("seconds", 10)?;
     let offered = case.param_u64("offered_packets_per_s", 2048)?;
-    let arrivals: Shared<Vec<Instant>> = Rc::default();
+    let arrivals: Shared<Vec<Duration>> = Rc::default();
     {
         let arrivals = arrivals.clone();
         lab.host("b", move |context| {
@@ -230,7 +230,7 @@ fn packet_rate(
             async move {
                 let socket = context.bind(RAW_PORT).await?;
                 while socket.recv_datagram().await.is_some() {
-                    arrivals.borrow_mut().push(Instant::now());
+                    arrivals.borrow_mut().push(clock());
                 }
                 Ok(())
             }
@@ -244,12 +244,12 @@ fn packet_rate(
         let socket = context.bind(RAW_PORT).await?;
         let payload = vec![0u8; 1024];
         let interval = Duration::from_secs(1) / offered as u32;
-        let started = Instant::now();
+        let started = clock();
         let mut ticker = tokio::time::interval(Duration::from_millis(1));
         let mut sent = 0u64;
-        while started.elapsed() < Duration::from_secs(seconds) {
+        while clock() - started < Duration::from_secs(seconds) {
             ticker.tick().await;
-            let due = (started.elapsed().as_nanos() / interval.as_nanos().max(1)) as u64;
+            let due = ((clock() - started).as_nanos() / interval.as_nanos().max(1)) as u64;
             while sent < due {
                 socket.send_datagram(b, &payload, None);
                 sent += 1;
@@ -330,7 +330,7 @@ fn partition(
     let cut_for = Duration::from_millis(case.param_u64("partition_ms", 2000)?);
     let run_for = Duration::from_millis(case.param_u64("run_ms", 8000)?);
     let latency = Duration::from_millis(case.link.latency_ms);
-    let arrivals: Shared<Vec<Instant>> = Rc::default();
+    let arrivals: Shared<Vec<Duration>> = Rc::default();
     {
         let arrivals = arrivals.clone();
         lab.host("b", move |context| {
@@ -339,7 +339,7 @@ fn partition(
                 let (node, _) = context.start_node(context.node_config()).await?;
                 let mut inbox = node.subscribe(DATA)?;
                 while inbox.recv().await.is_some() {
-                    arrivals.borrow_mut().push(Instant::now());
+                    arrivals.borrow_mut().push(clock());
                 }
                 Ok(())
             }
@@ -350,16 +350,16 @@ fn partition(
         .map_err(|e| failed(case, e.to_string()))?;
     let b_id = lab.peer_id("b");
     lab.client("a", move |context| async move {
-        let start = Instant::now();
         let (node, _) = context.start_node(context.node_config()).await?;
         node.add_peer(b, b_id)?;
         let mut ticker = tokio::time::interval(Duration::from_millis(10));
-        while start.elapsed() < run_for {
+        while clock() < run_for {
             ticker.tick().await;
             // A full queue is fine here: the partition is supposed to stop delivery.
             let _ = node.try_send(b_id, DATA, Bytes::from_static(b"tick"));
         }
-        let cut = start + cut_at;
+        // Events are scheduled on the same simulation clock.
+        let cut = cut_at;
         let repair = cut + cut_for;
         let arrivals = arrivals.borrow();
         let during = arrivals

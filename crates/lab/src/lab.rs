@@ -92,6 +92,12 @@ impl HostContext {
     }
 }
 
+/// Simulation time since the run started, the same on every host (each host's tokio `Instant`s
+/// have their own origin, so instants from two hosts must not be compared). Zero outside a run.
+pub fn clock() -> Duration {
+    turmoil::sim_elapsed().unwrap_or_default()
+}
+
 /// A stable 64-bit seed for `name` under the scenario seed (FNV-1a, then a SplitMix64 finish).
 pub fn derive_seed(seed: u64, name: &str, salt: u64) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;

@@ -74,6 +74,16 @@ impl Keypair {
         PeerId::from_bytes(self.signing.verifying_key().to_bytes())
     }
 
+    /// A 32-byte secret for `purpose`, derived from the identity key (HMAC-SHA256 keyed by the
+    /// secret key), so that it survives restarts without being stored.
+    pub(crate) fn derive_secret(&self, purpose: &[u8]) -> [u8; 32] {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, self.signing.as_bytes());
+        let tag = ring::hmac::sign(&key, purpose);
+        let mut out = [0u8; 32];
+        out.copy_from_slice(tag.as_ref());
+        out
+    }
+
     /// The secret key as PKCS#8 DER, for TLS.
     pub(crate) fn pkcs8_der(&self) -> Result<Vec<u8>, IdentityError> {
         self.signing

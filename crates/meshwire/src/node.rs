@@ -436,7 +436,25 @@ impl Node {
             tls::server_crypto(&tls, allowlist.clone(), metrics.handshakes_refused.clone())?;
         let mut server_config = quinn::ServerConfig::with_crypto(server_crypto);
         server_config.transport_config(transport.clone());
-        let mut endpoint_config = quinn::EndpointConfig::default();
+        // The stateless-reset key is derived from the identity, so a node that restarts answers
+        // its peers' packets for the old connection with a valid reset: they learn at once that
+        // the connection is gone instead of waiting out the idle timeout.
+        let reset_key = config
+            .keypair
+            .derive_secret(b"meshwire stateless reset key v1");
+        // The connection-id key is derived the same way: the restarted node must recognise its old
+        // connection ids as its own, or it drops their packets instead of resetting them.
+        let mut endpoint_config = quinn::EndpointConfig::new(Arc::new(ring::hmac::Key::new(
+            ring::hmac::HMAC_SHA256,
+            &reset_key,
+        )));
+        let cid_secret = config
+            .keypair
+            .derive_secret(b"meshwire connection id key v1");
+        let cid_key = u64::from_le_bytes(cid_secret[..8].try_into().unwrap_or([0; 8]));
+        endpoint_config.cid_generator(move || {
+            Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+        });
         if let Some(seed) = config.rng_seed {
             // quinn draws connection ids and packet-number skips from this: seeded, a lab run
             // repeats exactly.
