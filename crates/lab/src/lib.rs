@@ -10,6 +10,7 @@
 pub mod calibration;
 pub mod lab;
 pub mod link;
+pub mod scale;
 pub mod scenario;
 pub mod socket;
 
@@ -34,6 +35,7 @@ pub fn run_scenario(
             let mut tick = |elapsed: Duration| progress(&label, elapsed);
             let metrics = match (scenario.kind.as_str(), policy.as_str()) {
                 ("calibration", "meshwire") => calibration::run_case(case, seed, &mut tick)?,
+                ("scale", "meshwire") => scale::run_case(case, seed, &mut tick)?,
                 (kind, policy) => {
                     return Err(ScenarioError::Invalid {
                         path: scenario.name.clone(),
