@@ -20,6 +20,7 @@ async fn node(
     let socket = LabSocket::bind_real(address, network.clone(), u64::from(seed))
         .await
         .unwrap();
+    let stats = socket.stats();
     let mut config = NodeConfig::new(Keypair::from_seed([seed; 32]));
     config.transport.initial_mtu = meshwire_lab::lab::LAB_MTU;
     config.transport.mtu_discovery = false;
