@@ -1,11 +1,14 @@
 //! Build an emulated network of meshwire nodes, schedule faults, and run it in virtual time.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use meshwire::{Keypair, Node, NodeConfig, PeerId};
+use meshwire::{Keypair, Metrics, Node, NodeConfig, PeerId};
 
 use crate::link::{LinkSpec, Rate};
 use crate::socket::{LabSocket, Network, SocketStats};
@@ -58,7 +61,11 @@ pub struct HostContext {
     /// The scenario seed.
     pub seed: u64,
     network: Arc<Network>,
+    metrics: MetricsBoard,
 }
+
+/// The metrics of every node the lab started, by host name (the latest incarnation's).
+type MetricsBoard = Rc<RefCell<BTreeMap<String, Arc<Metrics>>>>;
 
 impl HostContext {
     /// A node config for this host: its identity, seeded jitter, the lab's pinned MTU.
@@ -77,7 +84,11 @@ impl HostContext {
     ) -> Result<(Node, Arc<SocketStats>), Box<dyn std::error::Error>> {
         let socket = self.bind(NODE_PORT).await?;
         let stats = socket.stats();
-        Ok((Node::with_socket(config, socket)?, stats))
+        let node = Node::with_socket(config, socket)?;
+        self.metrics
+            .borrow_mut()
+            .insert(self.name.clone(), node.shared_metrics());
+        Ok((node, stats))
     }
 
     /// Binds a raw emulated socket on `port` (for calibrating the emulator without QUIC).
@@ -127,6 +138,7 @@ pub struct Lab {
     seed: u64,
     hosts: Vec<String>,
     clients: usize,
+    metrics: MetricsBoard,
     schedule: Vec<(Duration, LabEvent)>,
 }
 
@@ -157,6 +169,7 @@ impl Lab {
             seed,
             hosts: Vec::new(),
             clients: 0,
+            metrics: Rc::default(),
             schedule: Vec::new(),
         }
     }
@@ -204,7 +217,13 @@ impl Lab {
             keypair: host_keypair(self.seed, name),
             seed: self.seed,
             network: self.network.clone(),
+            metrics: self.metrics.clone(),
         }
+    }
+
+    /// The metrics of every node started so far, by host name (after a restart, the new node's).
+    pub fn node_metrics(&self) -> BTreeMap<String, Arc<Metrics>> {
+        self.metrics.borrow().clone()
     }
 
     fn register(&mut self, name: &str) {

@@ -58,4 +58,8 @@ fn a_crashed_and_restarted_host_is_reconnected_by_its_peers() {
     // After the restart, a redialed b and messages flowed again for most of the remaining 5 s.
     assert!(received[1] > 100, "after the restart: {received:?}");
     assert!(*reconnects.borrow() >= 1);
+    // The lab collects every node's metrics: a counted its reconnect.
+    let metrics = lab.node_metrics();
+    assert_eq!(metrics.len(), 2);
+    assert!(metrics["a"].reconnect_count() >= 1);
 }

@@ -391,7 +391,7 @@ struct Inner {
     handlers: RwLock<HashMap<ProtocolId, Handler>>,
     subscribers: RwLock<HashMap<ProtocolId, mpsc::Sender<InboundMessage>>>,
     events: broadcast::Sender<ConnectionEvent>,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
     next_message_id: AtomicU64,
     shutdown: watch::Sender<bool>,
     rng: Mutex<SmallRng>,
@@ -428,7 +428,7 @@ impl Node {
         socket: Arc<dyn quinn::AsyncUdpSocket>,
     ) -> Result<Self, NodeError> {
         config.validate()?;
-        let metrics = Metrics::new();
+        let metrics = Arc::new(Metrics::new());
         let tls = TlsIdentity::new(&config.keypair)?;
         let transport = Arc::new(config.transport.to_quinn()?);
         let allowlist = config.allowlist.clone().map(Arc::new);
@@ -509,6 +509,11 @@ impl Node {
     /// The node's metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// A handle to the node's metrics that outlives the node (the lab reads a crashed host's).
+    pub fn shared_metrics(&self) -> Arc<Metrics> {
+        self.inner.metrics.clone()
     }
 
     /// The node's configuration.
