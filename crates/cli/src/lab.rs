@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use meshwire_lab::{run_scenario, ScenarioFile};
+use meshwire_lab::{run_scenario, Mode, ScenarioFile};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum LabCommand {
@@ -18,6 +18,10 @@ pub enum LabCommand {
         /// Print exactly one JSON object instead of a table.
         #[arg(long)]
         json: bool,
+        /// Cross-check on real UDP sockets on loopback in real time (127.0.0.2 and up) instead of
+        /// virtual time. Not deterministic; crash and restart events are not supported.
+        #[arg(long)]
+        realtime: bool,
     },
     /// Run every scenario in a directory and write the scoreboard (docs/RESULTS.md).
     Results {
@@ -38,13 +42,23 @@ pub enum LabCommand {
 
 pub fn run(command: LabCommand) -> anyhow::Result<()> {
     match command {
-        LabCommand::Run { file, seed, json } => {
+        LabCommand::Run {
+            file,
+            seed,
+            json,
+            realtime,
+        } => {
             let scenario = ScenarioFile::load(&file)?;
             let seed = seed.unwrap_or(scenario.seed);
             let show_progress = std::io::stderr().is_terminal();
-            let report = run_scenario(&scenario, seed, |case, elapsed| {
+            let mode = if realtime {
+                Mode::Realtime
+            } else {
+                Mode::Virtual
+            };
+            let report = run_scenario(&scenario, seed, mode, |case, elapsed| {
                 if show_progress {
-                    eprint!("\r\x1b[2K{case}: {:.1} s virtual", elapsed.as_secs_f64());
+                    eprint!("\r\x1b[2K{case}: {:.1} s", elapsed.as_secs_f64());
                     let _ = std::io::stderr().flush();
                 }
             })?;
@@ -63,23 +77,30 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
             for path in scenario_files(&dir)? {
                 let scenario = ScenarioFile::load(&path)?;
                 eprintln!("running {}", path.display());
-                let report = run_scenario(&scenario, scenario.seed, |_, _| {})
+                let report = run_scenario(&scenario, scenario.seed, Mode::Virtual, |_, _| {})
                     .with_context(|| format!("scenario {} failed", path.display()))?;
                 markdown.push_str(&format!(
-                    "## {}
-
-{}
-
-File: `{}`. Command: `meshwire lab run {}`.
-
-{}
-",
+                    "## {}\n\n{}\n\nFile: `{}`. Command: `meshwire lab run {}`.\n\n{}\n",
                     scenario.name,
                     scenario.description,
                     path.display(),
                     path.display(),
                     report.to_table()
                 ));
+                if scenario.kind == "calibration" {
+                    eprintln!("running {} on real sockets", path.display());
+                    let real = run_scenario(&scenario, scenario.seed, Mode::Realtime, |_, _| {})
+                        .with_context(|| format!("real-time run of {} failed", path.display()))?;
+                    markdown.push_str(&format!(
+                        "### {} on real UDP sockets (cross-check)\n\nThe same scenario over \
+                         loopback in real time, the emulated socket adding delay, rate and loss \
+                         in user space. Command: `meshwire lab run --realtime {}`. These numbers \
+                         vary from run to run.\n\n{}\n",
+                        scenario.name,
+                        path.display(),
+                        real.to_table()
+                    ));
+                }
             }
             std::fs::write(&out, markdown)
                 .with_context(|| format!("cannot write {}", out.display()))?;

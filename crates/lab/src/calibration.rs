@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use crate::lab::{clock, Lab, LabEvent};
 use crate::scenario::{round_metric, CaseFile, ScenarioError};
+use crate::Mode;
 
 const ECHO: ProtocolId = ProtocolId(0);
 const DATA: ProtocolId = ProtocolId(1);
@@ -35,10 +36,14 @@ fn failed(case: &CaseFile, reason: impl Into<String>) -> ScenarioError {
 pub fn run_case(
     case: &CaseFile,
     seed: u64,
+    mode: Mode,
     progress: &mut dyn FnMut(Duration),
 ) -> Result<Metrics, ScenarioError> {
     let spec = case.link.spec().map_err(|reason| failed(case, reason))?;
-    let mut lab = Lab::new(seed, spec, case.duration() + Duration::from_secs(1));
+    let mut lab = match mode {
+        Mode::Virtual => Lab::new(seed, spec, case.duration() + Duration::from_secs(1)),
+        Mode::Realtime => Lab::realtime(seed, spec),
+    };
     let metrics: Shared<Metrics> = Rc::default();
     match case.workload.as_str() {
         "rtt" => rtt(&mut lab, case, metrics.clone())?,

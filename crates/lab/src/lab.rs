@@ -4,6 +4,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +31,9 @@ pub enum LabError {
     /// A name that is not a host of this lab.
     #[error("unknown host {0:?}")]
     UnknownHost(String),
+    /// The event or setting cannot be done in this lab's mode.
+    #[error("not supported here: {0}")]
+    Unsupported(String),
 }
 
 /// Something that happens to the network at a scheduled virtual time.
@@ -62,6 +66,7 @@ pub struct HostContext {
     pub seed: u64,
     network: Arc<Network>,
     metrics: MetricsBoard,
+    realtime: bool,
 }
 
 /// The metrics of every node the lab started, by host name (the latest incarnation's).
@@ -93,20 +98,32 @@ impl HostContext {
 
     /// Binds a raw emulated socket on `port` (for calibrating the emulator without QUIC).
     pub async fn bind(&self, port: u16) -> std::io::Result<Arc<LabSocket>> {
-        LabSocket::bind_simulated(
-            self.ip,
-            port,
-            self.network.clone(),
-            derive_seed(self.seed, &self.name, u64::from(port)),
-        )
-        .await
+        let seed = derive_seed(self.seed, &self.name, u64::from(port));
+        if self.realtime {
+            let address = SocketAddr::new(self.ip, port);
+            LabSocket::bind_real(address, self.network.clone(), seed).await
+        } else {
+            LabSocket::bind_simulated(self.ip, port, self.network.clone(), seed).await
+        }
     }
 }
 
-/// Simulation time since the run started, the same on every host (each host's tokio `Instant`s
-/// have their own origin, so instants from two hosts must not be compared). Zero outside a run.
+thread_local! {
+    static REALTIME_EPOCH: std::cell::Cell<Option<tokio::time::Instant>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Time since the run started, the same on every host: turmoil's simulation clock in virtual time
+/// (each host's tokio `Instant`s have their own origin, so instants from two hosts must not be
+/// compared), the wall clock in a real-time run. Zero outside a run.
 pub fn clock() -> Duration {
-    turmoil::sim_elapsed().unwrap_or_default()
+    turmoil::sim_elapsed()
+        .or_else(|| {
+            REALTIME_EPOCH
+                .with(|epoch| epoch.get())
+                .map(|start| start.elapsed())
+        })
+        .unwrap_or_default()
 }
 
 /// A stable 64-bit seed for `name` under the scenario seed (FNV-1a, then a SplitMix64 finish).
@@ -131,9 +148,21 @@ pub fn host_keypair(seed: u64, name: &str) -> Keypair {
     Keypair::from_seed(secret)
 }
 
+type LocalFuture = Pin<Box<dyn Future<Output = Result<(), Box<dyn std::error::Error>>>>>;
+
+/// Where the hosts run: turmoil in virtual time, or tasks on real loopback sockets in real time.
+enum Backend {
+    Simulated(Box<turmoil::Sim<'static>>),
+    Realtime {
+        hosts: Vec<(String, Box<dyn Fn() -> LocalFuture>)>,
+        clients: Vec<(String, LocalFuture)>,
+        ips: BTreeMap<String, IpAddr>,
+    },
+}
+
 /// An emulated network under construction or running.
 pub struct Lab {
-    sim: turmoil::Sim<'static>,
+    backend: Backend,
     network: Arc<Network>,
     seed: u64,
     hosts: Vec<String>,
@@ -147,13 +176,14 @@ impl std::fmt::Debug for Lab {
         f.debug_struct("Lab")
             .field("seed", &self.seed)
             .field("hosts", &self.hosts)
+            .field("realtime", &self.is_realtime())
             .finish_non_exhaustive()
     }
 }
 
 impl Lab {
-    /// A lab whose links follow `default` until set otherwise, running at most `limit` of
-    /// virtual time.
+    /// A lab in virtual time whose links follow `default` until set otherwise, running at most
+    /// `limit` of virtual time.
     pub fn new(seed: u64, default: LinkSpec, limit: Duration) -> Self {
         let sim = turmoil::Builder::new()
             .tick_duration(TICK)
@@ -163,15 +193,40 @@ impl Lab {
             .udp_capacity(1 << 16)
             .rng_seed(seed)
             .build();
+        Self::with_backend(
+            Backend::Simulated(Box::new(sim)),
+            seed,
+            Network::new(default, true),
+        )
+    }
+
+    /// A lab in real time: every host gets its own loopback address (127.0.0.2, 127.0.0.3, ...)
+    /// and real UDP sockets; the emulated socket applies each link's delay, rate and loss itself.
+    /// Partitions are applied by the emulated sockets; crashes and restarts are not supported.
+    pub fn realtime(seed: u64, default: LinkSpec) -> Self {
+        let backend = Backend::Realtime {
+            hosts: Vec::new(),
+            clients: Vec::new(),
+            ips: BTreeMap::new(),
+        };
+        Self::with_backend(backend, seed, Network::new(default, false))
+    }
+
+    fn with_backend(backend: Backend, seed: u64, network: Arc<Network>) -> Self {
         Self {
-            sim,
-            network: Network::new(default, true),
+            backend,
+            network,
             seed,
             hosts: Vec::new(),
             clients: 0,
             metrics: Rc::default(),
             schedule: Vec::new(),
         }
+    }
+
+    /// Whether this lab runs on real sockets in real time.
+    pub fn is_realtime(&self) -> bool {
+        matches!(self.backend, Backend::Realtime { .. })
     }
 
     /// The emulated network's link table.
@@ -187,11 +242,20 @@ impl Lab {
         Fut: Future<Output = Result<(), Box<dyn std::error::Error>>> + 'static,
     {
         let context = self.context_template(name);
-        self.sim.host(name, move || {
-            let mut context = context.clone();
-            context.ip = turmoil::lookup(context.name.as_str());
-            software(context)
-        });
+        match &mut self.backend {
+            Backend::Simulated(sim) => sim.host(name, move || {
+                let mut context = context.clone();
+                context.ip = turmoil::lookup(context.name.as_str());
+                software(context)
+            }),
+            Backend::Realtime { hosts, .. } => {
+                let context = context.clone();
+                hosts.push((
+                    name.to_string(),
+                    Box::new(move || Box::pin(software(context.clone())) as LocalFuture),
+                ));
+            }
+        }
         self.register(name);
     }
 
@@ -202,22 +266,36 @@ impl Lab {
         Fut: Future<Output = Result<(), Box<dyn std::error::Error>>> + 'static,
     {
         let mut context = self.context_template(name);
-        self.sim.client(name, async move {
-            context.ip = turmoil::lookup(context.name.as_str());
-            software(context).await
-        });
+        match &mut self.backend {
+            Backend::Simulated(sim) => sim.client(name, async move {
+                context.ip = turmoil::lookup(context.name.as_str());
+                software(context).await
+            }),
+            Backend::Realtime { clients, .. } => {
+                clients.push((name.to_string(), Box::pin(software(context))));
+            }
+        }
         self.clients += 1;
         self.register(name);
     }
 
-    fn context_template(&self, name: &str) -> HostContext {
+    fn context_template(&mut self, name: &str) -> HostContext {
+        let ip = match &mut self.backend {
+            Backend::Simulated(_) => IpAddr::from([0, 0, 0, 0]),
+            Backend::Realtime { ips, .. } => {
+                let index = ips.len() as u32 + 2;
+                let ip = IpAddr::from(std::net::Ipv4Addr::from(0x7f00_0000 + index));
+                *ips.entry(name.to_string()).or_insert(ip)
+            }
+        };
         HostContext {
             name: name.to_string(),
-            ip: IpAddr::from([0, 0, 0, 0]),
+            ip,
             keypair: host_keypair(self.seed, name),
             seed: self.seed,
             network: self.network.clone(),
             metrics: self.metrics.clone(),
+            realtime: self.is_realtime(),
         }
     }
 
@@ -229,23 +307,25 @@ impl Lab {
     fn register(&mut self, name: &str) {
         self.hosts.push(name.to_string());
         // Latency is applied between every pair as soon as both exist.
-        let latest = name.to_string();
         for other in self.hosts.clone() {
-            if other != latest {
-                self.sync_latency(&other, &latest);
+            if other != name {
+                self.sync_latency(&other, name);
             }
         }
     }
 
     fn sync_latency(&self, a: &str, b: &str) {
-        let (ip_a, ip_b) = (self.sim.lookup(a), self.sim.lookup(b));
+        let Backend::Simulated(sim) = &self.backend else {
+            return;
+        };
+        let (ip_a, ip_b) = (sim.lookup(a), sim.lookup(b));
         // turmoil hands a datagram over one tick after its configured latency has passed, so the
         // configured latency is one tick short (calibration's `rtt` case checks the result).
         let latency = self
             .network
             .transport_latency(ip_a, ip_b)
             .saturating_sub(TICK);
-        self.sim.set_link_latency(a, b, latency);
+        sim.set_link_latency(a, b, latency);
     }
 
     /// The address of host `name`.
@@ -253,7 +333,13 @@ impl Lab {
         if !self.hosts.iter().any(|host| host == name) {
             return Err(LabError::UnknownHost(name.to_string()));
         }
-        Ok(self.sim.lookup(name))
+        match &self.backend {
+            Backend::Simulated(sim) => Ok(sim.lookup(name)),
+            Backend::Realtime { ips, .. } => ips
+                .get(name)
+                .copied()
+                .ok_or_else(|| LabError::UnknownHost(name.to_string())),
+        }
     }
 
     /// The node address of host `name` (ip and [`NODE_PORT`]).
@@ -287,30 +373,40 @@ impl Lab {
         Ok(())
     }
 
-    /// Schedules `event` at virtual time `at` from the start of the run.
+    /// Schedules `event` at time `at` from the start of the run.
     pub fn at(&mut self, at: Duration, event: LabEvent) {
         self.schedule.push((at, event));
         self.schedule.sort_by_key(|(time, _)| *time);
     }
 
-    /// Virtual time since the run started.
-    pub fn elapsed(&self) -> Duration {
-        self.sim.elapsed()
+    /// Runs until every client has returned (if there are clients) or `duration` has passed,
+    /// applying scheduled events on time. Returns whether the clients finished. `progress` is
+    /// called about every 100 ms of lab time with the elapsed time.
+    pub fn run(
+        &mut self,
+        duration: Duration,
+        progress: impl FnMut(Duration),
+    ) -> Result<bool, LabError> {
+        if self.is_realtime() {
+            self.run_realtime(duration, progress)
+        } else {
+            self.run_simulated(duration, progress)
+        }
     }
 
-    /// Runs until every client has returned (if there are clients) or `duration` of virtual time
-    /// has passed, applying
-    /// scheduled events on time. Returns whether the clients finished. `progress` is called about
-    /// every 100 ms of virtual time with the elapsed time.
-    pub fn run(
+    fn run_simulated(
         &mut self,
         duration: Duration,
         mut progress: impl FnMut(Duration),
     ) -> Result<bool, LabError> {
-        let end = self.sim.elapsed() + duration;
+        let elapsed = |lab: &Self| match &lab.backend {
+            Backend::Simulated(sim) => sim.elapsed(),
+            Backend::Realtime { .. } => Duration::ZERO,
+        };
+        let end = elapsed(self) + duration;
         let mut next_report = Duration::ZERO;
         loop {
-            let now = self.sim.elapsed();
+            let now = elapsed(self);
             while self.schedule.first().is_some_and(|(at, _)| *at <= now) {
                 let (_, event) = self.schedule.remove(0);
                 self.apply(event)?;
@@ -322,8 +418,10 @@ impl Lab {
                 progress(now);
                 next_report = now + Duration::from_millis(100);
             }
-            let finished = self
-                .sim
+            let Backend::Simulated(sim) = &mut self.backend else {
+                return Ok(false);
+            };
+            let finished = sim
                 .step()
                 .map_err(|error| LabError::Simulation(error.to_string()))?;
             // turmoil reports "finished" when no client is running, which is always true in a lab
@@ -334,33 +432,114 @@ impl Lab {
         }
     }
 
+    fn run_realtime(
+        &mut self,
+        duration: Duration,
+        mut progress: impl FnMut(Duration),
+    ) -> Result<bool, LabError> {
+        let Backend::Realtime { hosts, clients, .. } = &mut self.backend else {
+            return Ok(false);
+        };
+        let hosts = std::mem::take(hosts);
+        let clients = std::mem::take(clients);
+        let mut schedule = std::mem::take(&mut self.schedule);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|error| LabError::Simulation(error.to_string()))?;
+        let local = tokio::task::LocalSet::new();
+        let result = local.block_on(&runtime, async {
+            let start = tokio::time::Instant::now();
+            REALTIME_EPOCH.with(|epoch| epoch.set(Some(start)));
+            for (name, software) in &hosts {
+                let future = software();
+                let name = name.clone();
+                tokio::task::spawn_local(async move {
+                    if let Err(error) = future.await {
+                        tracing::warn!(host = %name, %error, "host software failed");
+                    }
+                });
+            }
+            let mut running: Vec<_> = clients
+                .into_iter()
+                .map(|(name, future)| (name, tokio::task::spawn_local(future)))
+                .collect();
+            let mut next_report = Duration::ZERO;
+            loop {
+                let now = start.elapsed();
+                while schedule.first().is_some_and(|(at, _)| *at <= now) {
+                    let (_, event) = schedule.remove(0);
+                    self.apply(event)?;
+                }
+                let mut index = 0;
+                while index < running.len() {
+                    if running[index].1.is_finished() {
+                        let (name, handle) = running.remove(index);
+                        match handle.await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(error)) => {
+                                return Err(LabError::Simulation(format!("{name}: {error}")))
+                            }
+                            Err(error) => {
+                                return Err(LabError::Simulation(format!("{name}: {error}")))
+                            }
+                        }
+                    } else {
+                        index += 1;
+                    }
+                }
+                if self.clients > 0 && running.is_empty() {
+                    return Ok(true);
+                }
+                if now >= duration {
+                    return Ok(false);
+                }
+                if now >= next_report {
+                    progress(now);
+                    next_report = now + Duration::from_millis(100);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        });
+        REALTIME_EPOCH.with(|epoch| epoch.set(None));
+        result
+    }
+
     fn apply(&mut self, event: LabEvent) -> Result<(), LabError> {
-        tracing::debug!(at = ?self.sim.elapsed(), ?event, "lab event");
-        match event {
-            LabEvent::Partition(a, b) => {
-                self.ip(&a)?;
-                self.ip(&b)?;
-                self.sim.partition(a.as_str(), b.as_str());
+        tracing::debug!(?event, "lab event");
+        let both = |lab: &Self, a: &str, b: &str| -> Result<(IpAddr, IpAddr), LabError> {
+            Ok((lab.ip(a)?, lab.ip(b)?))
+        };
+        match (&mut self.backend, event) {
+            (Backend::Simulated(sim), LabEvent::Partition(a, b)) => {
+                sim.partition(a.as_str(), b.as_str())
             }
-            LabEvent::PartitionOneway(from, to) => {
-                self.ip(&from)?;
-                self.ip(&to)?;
-                self.sim.partition_oneway(from.as_str(), to.as_str());
+            (Backend::Simulated(sim), LabEvent::PartitionOneway(from, to)) => {
+                sim.partition_oneway(from.as_str(), to.as_str())
             }
-            LabEvent::Repair(a, b) => {
-                self.ip(&a)?;
-                self.ip(&b)?;
-                self.sim.repair(a.as_str(), b.as_str());
+            (Backend::Simulated(sim), LabEvent::Repair(a, b)) => sim.repair(a.as_str(), b.as_str()),
+            (Backend::Simulated(sim), LabEvent::Crash(host)) => sim.crash(host.as_str()),
+            (Backend::Simulated(sim), LabEvent::Restart(host)) => sim.bounce(host.as_str()),
+            (Backend::Realtime { .. }, LabEvent::Partition(a, b)) => {
+                let (a, b) = both(self, &a, &b)?;
+                self.network.set_blocked(a, b, true);
+                self.network.set_blocked(b, a, true);
             }
-            LabEvent::Crash(host) => {
-                self.ip(&host)?;
-                self.sim.crash(host.as_str());
+            (Backend::Realtime { .. }, LabEvent::PartitionOneway(from, to)) => {
+                let (from, to) = both(self, &from, &to)?;
+                self.network.set_blocked(from, to, true);
             }
-            LabEvent::Restart(host) => {
-                self.ip(&host)?;
-                self.sim.bounce(host.as_str());
+            (Backend::Realtime { .. }, LabEvent::Repair(a, b)) => {
+                let (a, b) = both(self, &a, &b)?;
+                self.network.set_blocked(a, b, false);
+                self.network.set_blocked(b, a, false);
             }
-            LabEvent::SetLink(from, to, spec) => self.link(&from, &to, spec)?,
+            (Backend::Realtime { .. }, LabEvent::Crash(host) | LabEvent::Restart(host)) => {
+                return Err(LabError::Unsupported(format!(
+                    "crash and restart of {host} need virtual time"
+                )))
+            }
+            (_, LabEvent::SetLink(from, to, spec)) => self.link(&from, &to, spec)?,
         }
         Ok(())
     }

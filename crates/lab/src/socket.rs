@@ -61,6 +61,7 @@ struct Table {
     default: LinkSpec,
     links: HashMap<(IpAddr, IpAddr), LinkSpec>,
     uplinks: HashMap<IpAddr, LinkSpec>,
+    blocked: std::collections::HashSet<(IpAddr, IpAddr)>,
 }
 
 impl Network {
@@ -72,6 +73,7 @@ impl Network {
                 default,
                 links: HashMap::new(),
                 uplinks: HashMap::new(),
+                blocked: std::collections::HashSet::new(),
             }),
             transport_adds_latency,
         })
@@ -80,6 +82,21 @@ impl Network {
     /// Sets the spec of the directed link `from -> to`.
     pub fn set_link(&self, from: IpAddr, to: IpAddr, spec: LinkSpec) {
         lock(&self.table).links.insert((from, to), spec);
+    }
+
+    /// Cuts (or restores) the directed link `from -> to` in the emulated sockets. Virtual-time labs
+    /// partition through turmoil instead; real-time labs use this.
+    pub fn set_blocked(&self, from: IpAddr, to: IpAddr, blocked: bool) {
+        let mut table = lock(&self.table);
+        if blocked {
+            table.blocked.insert((from, to));
+        } else {
+            table.blocked.remove(&(from, to));
+        }
+    }
+
+    fn is_blocked(&self, from: IpAddr, to: IpAddr) -> bool {
+        lock(&self.table).blocked.contains(&(from, to))
     }
 
     /// Sets a shared uplink that every datagram from `host` passes before its link.
@@ -122,6 +139,8 @@ pub struct SocketStats {
     pub lost: AtomicU64,
     /// Datagrams dropped because a queue was full.
     pub queue_drops: AtomicU64,
+    /// Datagrams dropped because the link was cut (real-time partitions).
+    pub blocked: AtomicU64,
     /// Datagrams received and passed to quinn.
     pub received: AtomicU64,
     /// Datagrams dropped because quinn did not read them fast enough.
@@ -303,6 +322,10 @@ impl LabSocket {
         let now = Instant::now();
         let spec = self.network.link(self.local.ip(), to.ip());
         let uplink = self.network.uplink(self.local.ip());
+        if self.network.is_blocked(self.local.ip(), to.ip()) {
+            self.stats.blocked.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let mut egress = lock(&self.egress);
         if spec.loss > 0.0 && egress.rng.random::<f64>() < spec.loss {
             self.stats.lost.fetch_add(1, Ordering::Relaxed);

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use meshwire_lab::{run_scenario, Report, ScenarioFile};
+use meshwire_lab::{run_scenario, Mode, Report, ScenarioFile};
 
 fn calibration() -> ScenarioFile {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/calibration.toml");
@@ -25,7 +25,7 @@ fn within(value: f64, expected: f64, tolerance: f64) -> bool {
 #[test]
 fn calibration_matches_theory() {
     let scenario = calibration();
-    let report = run_scenario(&scenario, scenario.seed, |_, _| {}).unwrap();
+    let report = run_scenario(&scenario, scenario.seed, Mode::Virtual, |_, _| {}).unwrap();
     let rtt = metric(&report, "rtt", "rtt_ms");
     assert!(within(rtt, 90.0, 0.02), "rtt {rtt} ms");
     let bdp = metric(&report, "bulk-bdp", "goodput_mbit_per_s");
@@ -61,7 +61,11 @@ fn the_same_seed_gives_the_same_json() {
     scenario
         .cases
         .retain(|case| ["rtt", "loss", "partition", "pps"].contains(&case.name.as_str()));
-    let first = run_scenario(&scenario, 42, |_, _| {}).unwrap().to_json();
-    let second = run_scenario(&scenario, 42, |_, _| {}).unwrap().to_json();
+    let first = run_scenario(&scenario, 42, Mode::Virtual, |_, _| {})
+        .unwrap()
+        .to_json();
+    let second = run_scenario(&scenario, 42, Mode::Virtual, |_, _| {})
+        .unwrap()
+        .to_json();
     assert_eq!(first, second);
 }
