@@ -25,13 +25,6 @@ const RAW_PORT: u16 = 9000;
 type Metrics = BTreeMap<String, f64>;
 type Shared<T> = Rc<RefCell<T>>;
 
-fn failed(case: &CaseFile, reason: impl Into<String>) -> ScenarioError {
-    ScenarioError::Failed {
-        case: case.name.clone(),
-        reason: reason.into(),
-    }
-}
-
 /// Runs one calibration case and returns its metrics.
 pub fn run_case(
     case: &CaseFile,
@@ -39,7 +32,10 @@ pub fn run_case(
     mode: Mode,
     progress: &mut dyn FnMut(Duration),
 ) -> Result<Metrics, ScenarioError> {
-    let spec = case.link.spec().map_err(|reason| failed(case, reason))?;
+    let spec = case
+        .link
+        .spec()
+        .map_err(|reason| ScenarioError::failed(case, reason))?;
     let mut lab = match mode {
         Mode::Virtual => Lab::new(seed, spec, case.duration() + Duration::from_secs(1)),
         Mode::Realtime => Lab::realtime(seed, spec),
@@ -52,19 +48,19 @@ pub fn run_case(
         "loss" => loss(&mut lab, case, metrics.clone())?,
         "partition" => partition(&mut lab, case, metrics.clone())?,
         other => {
-            return Err(failed(
+            return Err(ScenarioError::failed(
                 case,
                 format!("unknown calibration workload {other:?}"),
             ))
         }
     }
     lab.link_both("a", "b", spec)
-        .map_err(|error| failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
     let finished = lab
         .run(case.duration(), progress)
-        .map_err(|error| failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
     if !finished {
-        return Err(failed(
+        return Err(ScenarioError::failed(
             case,
             format!(
                 "did not finish within {} s of virtual time",
@@ -101,7 +97,7 @@ fn rtt(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), S
     serve_forever(lab, |_| {});
     let b = lab
         .node_address("b")
-        .map_err(|e| failed(case, e.to_string()))?;
+        .map_err(|e| ScenarioError::failed(case, e.to_string()))?;
     let b_id = lab.peer_id("b");
     lab.client("a", move |context| async move {
         let (node, _) = context.start_node(context.node_config()).await?;
@@ -148,7 +144,7 @@ fn bulk(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), 
         Some("bbr") => Congestion::Bbr,
         Some("newreno") => Congestion::NewReno,
         Some(other) => {
-            return Err(failed(
+            return Err(ScenarioError::failed(
                 case,
                 format!("unknown congestion controller {other:?}"),
             ))
@@ -183,7 +179,7 @@ fn bulk(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), 
     }
     let b = lab
         .node_address("b")
-        .map_err(|e| failed(case, e.to_string()))?;
+        .map_err(|e| ScenarioError::failed(case, e.to_string()))?;
     let b_id = lab.peer_id("b");
     lab.client("a", move |context| async move {
         let mut config = context.node_config();
@@ -219,6 +215,21 @@ fn bulk(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), 
     Ok(())
 }
 
+/// Host `b` reads raw datagrams on [`RAW_PORT`] and calls `on_datagram` for each.
+fn raw_receiver(lab: &mut Lab, on_datagram: impl Fn() + 'static) {
+    let on_datagram = Rc::new(on_datagram);
+    lab.host("b", move |context| {
+        let on_datagram = on_datagram.clone();
+        async move {
+            let socket = context.bind(RAW_PORT).await?;
+            while socket.recv_datagram().await.is_some() {
+                on_datagram();
+            }
+            Ok(())
+        }
+    });
+}
+
 /// Raw datagrams offered faster than a packets-per-second link: the delivered rate.
 fn packet_rate(
     lab: &mut Lab,
@@ -230,19 +241,11 @@ fn packet_rate(
     let arrivals: Shared<Vec<Duration>> = Rc::default();
     {
         let arrivals = arrivals.clone();
-        lab.host("b", move |context| {
-            let arrivals = arrivals.clone();
-            async move {
-                let socket = context.bind(RAW_PORT).await?;
-                while socket.recv_datagram().await.is_some() {
-                    arrivals.borrow_mut().push(clock());
-                }
-                Ok(())
-            }
-        });
+        raw_receiver(lab, move || arrivals.borrow_mut().push(clock()));
     }
     let b = std::net::SocketAddr::new(
-        lab.ip("b").map_err(|e| failed(case, e.to_string()))?,
+        lab.ip("b")
+            .map_err(|e| ScenarioError::failed(case, e.to_string()))?,
         RAW_PORT,
     );
     lab.client("a", move |context| async move {
@@ -285,19 +288,11 @@ fn loss(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), 
     let received: Shared<u64> = Rc::default();
     {
         let received = received.clone();
-        lab.host("b", move |context| {
-            let received = received.clone();
-            async move {
-                let socket = context.bind(RAW_PORT).await?;
-                while socket.recv_datagram().await.is_some() {
-                    *received.borrow_mut() += 1;
-                }
-                Ok(())
-            }
-        });
+        raw_receiver(lab, move || *received.borrow_mut() += 1);
     }
     let b = std::net::SocketAddr::new(
-        lab.ip("b").map_err(|e| failed(case, e.to_string()))?,
+        lab.ip("b")
+            .map_err(|e| ScenarioError::failed(case, e.to_string()))?,
         RAW_PORT,
     );
     lab.client("a", move |context| async move {
@@ -352,7 +347,7 @@ fn partition(
     }
     let b = lab
         .node_address("b")
-        .map_err(|e| failed(case, e.to_string()))?;
+        .map_err(|e| ScenarioError::failed(case, e.to_string()))?;
     let b_id = lab.peer_id("b");
     lab.client("a", move |context| async move {
         let (node, _) = context.start_node(context.node_config()).await?;

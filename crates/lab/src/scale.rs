@@ -28,13 +28,6 @@ struct Tally {
     latency_ms: Vec<f64>,
 }
 
-fn failed(case: &CaseFile, reason: impl Into<String>) -> ScenarioError {
-    ScenarioError::Failed {
-        case: case.name.clone(),
-        reason: reason.into(),
-    }
-}
-
 /// Runs one scale case: `nodes` hosts, `requests_per_s` in total, for the case's duration.
 pub fn run_case(
     case: &CaseFile,
@@ -46,12 +39,15 @@ pub fn run_case(
     let warmup = Duration::from_millis(case.param_u64("warmup_ms", 2000)?);
     let duration = case.duration();
     if nodes < 2 || rate == 0 {
-        return Err(failed(
+        return Err(ScenarioError::failed(
             case,
             "needs at least 2 nodes and a positive request rate",
         ));
     }
-    let spec = case.link.spec().map_err(|reason| failed(case, reason))?;
+    let spec = case
+        .link
+        .spec()
+        .map_err(|reason| ScenarioError::failed(case, reason))?;
     let wall = std::time::Instant::now();
     let mut lab = Lab::new(seed, spec, warmup + duration + Duration::from_secs(5));
     let names: Vec<String> = (0..nodes).map(|index| format!("n{index:03}")).collect();
@@ -115,9 +111,9 @@ pub fn run_case(
         .iter()
         .map(|name| lab.node_address(name))
         .collect::<Result<_, _>>()
-        .map_err(|error| failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
     lab.run(warmup + duration + Duration::from_secs(3), progress)
-        .map_err(|error| failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
     let wall_seconds = wall.elapsed().as_secs_f64();
     let tally = tally.borrow();
     let mut latencies = tally.latency_ms.clone();

@@ -40,6 +40,16 @@ pub enum ScenarioError {
     },
 }
 
+impl ScenarioError {
+    /// A failure of `case`'s experiment.
+    pub fn failed(case: &CaseFile, reason: impl Into<String>) -> Self {
+        Self::Failed {
+            case: case.name.clone(),
+            reason: reason.into(),
+        }
+    }
+}
+
 /// A link as scenario files write it.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

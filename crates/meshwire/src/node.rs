@@ -909,6 +909,30 @@ impl Inner {
         );
     }
 
+    /// Checks that an inbound frame has the kind this stream carries and is addressed to this
+    /// node, and counts it. A frame that fails closes the connection; returns whether it passed.
+    fn accept_frame(
+        &self,
+        connection: &Connection,
+        remote: PeerId,
+        frame: &wire::Frame,
+        expected: Kind,
+    ) -> bool {
+        if frame.header.kind != expected {
+            self.protocol_violation(connection, remote, "unexpected_kind");
+            return false;
+        }
+        if frame.dst != self.local_id {
+            self.protocol_violation(connection, remote, "wrong_destination");
+            return false;
+        }
+        self.metrics.frames_received.inc();
+        self.metrics
+            .bytes_received
+            .inc_by((frame.payload.len() + wire::FRAME_OVERHEAD) as u64);
+        true
+    }
+
     async fn accept_loop(self: Arc<Self>) {
         loop {
             let incoming = tokio::select! {
@@ -1171,18 +1195,9 @@ impl Inner {
                     return;
                 }
             };
-            if frame.header.kind != Kind::Message {
-                self.protocol_violation(&connection, remote, "unexpected_kind");
+            if !self.accept_frame(&connection, remote, &frame, Kind::Message) {
                 return;
             }
-            if frame.dst != self.local_id {
-                self.protocol_violation(&connection, remote, "wrong_destination");
-                return;
-            }
-            self.metrics.frames_received.inc();
-            self.metrics
-                .bytes_received
-                .inc_by((frame.payload.len() + wire::FRAME_OVERHEAD) as u64);
             self.deliver(InboundMessage {
                 from: remote,
                 protocol: frame.header.protocol,
@@ -1250,18 +1265,9 @@ impl Inner {
                 return;
             }
         };
-        if frame.header.kind != Kind::Request {
-            self.protocol_violation(&connection, remote, "unexpected_kind");
+        if !self.accept_frame(&connection, remote, &frame, Kind::Request) {
             return;
         }
-        if frame.dst != self.local_id {
-            self.protocol_violation(&connection, remote, "wrong_destination");
-            return;
-        }
-        self.metrics.frames_received.inc();
-        self.metrics
-            .bytes_received
-            .inc_by((frame.payload.len() + wire::FRAME_OVERHEAD) as u64);
         let protocol = frame.header.protocol;
         let handler = read(&self.handlers).get(&protocol).cloned();
         let (kind, body) = match handler {
