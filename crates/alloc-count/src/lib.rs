@@ -17,7 +17,10 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU64, Ordering};
+use std::task::{Context, Poll};
 
 /// Allocations and bytes counted over some span.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -41,6 +44,7 @@ impl Counts {
 thread_local! {
     static THREAD: Cell<Counts> = const { Cell::new(Counts { allocations: 0, bytes: 0 }) };
     static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+    static SUSPENDED: Cell<bool> = const { Cell::new(false) };
 }
 
 static TRACKER: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
@@ -55,7 +59,7 @@ pub struct CountingAllocator;
 
 fn in_tracked_context() -> bool {
     let tracker = TRACKER.load(Ordering::Relaxed);
-    if tracker.is_null() {
+    if tracker.is_null() || SUSPENDED.try_with(Cell::get).unwrap_or(true) {
         return false;
     }
     // The hook must not allocate; if it does anyway, the nested call is not attributed.
@@ -122,6 +126,54 @@ unsafe impl GlobalAlloc for CountingAllocator {
         // SAFETY: forwarded as received.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
+}
+
+/// Runs `f` with tracked-context attribution suspended on this thread: what `f` allocates and
+/// frees never counts for the tracked context (for memory that belongs to a test harness, such
+/// as the lab's emulated network, rather than to the code under measurement).
+pub fn untracked<T>(f: impl FnOnce() -> T) -> T {
+    let previous = SUSPENDED
+        .try_with(|flag| flag.replace(true))
+        .unwrap_or(false);
+    let result = f();
+    let _ = SUSPENDED.try_with(|flag| flag.set(previous));
+    result
+}
+
+/// A future whose every poll runs with tracked-context attribution suspended (see [`untracked`]).
+pub struct Untracked<F> {
+    inner: Pin<Box<F>>,
+}
+
+impl<F> std::fmt::Debug for Untracked<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Untracked")
+    }
+}
+
+impl<F: Future> Untracked<F> {
+    /// Wraps `future`.
+    pub fn new(future: F) -> Self {
+        Self {
+            inner: Box::pin(future),
+        }
+    }
+}
+
+impl<F: Future> Future for Untracked<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let inner = self.inner.as_mut();
+        untracked(|| inner.poll(cx))
+    }
+}
+
+/// Whether [`CountingAllocator`] is this process's global allocator (counts move when it is).
+pub fn is_installed() -> bool {
+    let before = thread_counts();
+    drop(std::hint::black_box(Box::new(0u64)));
+    thread_counts().allocations > before.allocations
 }
 
 /// Allocations made on the current thread so far (only counts while [`CountingAllocator`] is

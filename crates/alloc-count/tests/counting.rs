@@ -33,6 +33,8 @@ fn counts_thread_allocations_and_tracked_peaks() {
     let b = black_box(vec![2u8; 3000]);
     drop(a);
     let c = black_box(vec![3u8; 500]);
+    // Suspended attribution: neither this allocation nor its free counts.
+    meshwire_alloc_count::untracked(|| drop(black_box(vec![5u8; 50_000])));
     TRACKING.with(|flag| flag.set(false));
     let untracked = black_box(vec![4u8; 100_000]);
     TRACKING.with(|flag| flag.set(true));
@@ -46,4 +48,5 @@ fn counts_thread_allocations_and_tracked_peaks() {
     assert_eq!(tracked_counts().bytes, 4500);
     // Peak: 1000 + 3000 live at once; then 3000 + 500; nothing left at the end.
     assert_eq!(tracked_live_and_peak(), (0, 4000));
+    assert!(meshwire_alloc_count::is_installed());
 }

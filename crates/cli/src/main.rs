@@ -14,6 +14,11 @@ use meshwire::{ConnectionEvent, Keypair, Node, ProtocolId};
 
 use crate::settings::{NodeArgs, Settings};
 
+// Counting costs a thread-local increment per allocation; it lets `meshwire lab` measure a
+// sender's heap (scenarios/safe-fanout.toml).
+#[global_allocator]
+static ALLOCATOR: meshwire_alloc_count::CountingAllocator = meshwire_alloc_count::CountingAllocator;
+
 /// Requests on this protocol are answered with their own body: `meshwire node` serves it so any
 /// peer can measure a round trip.
 pub const ECHO: ProtocolId = ProtocolId(0);

@@ -8,6 +8,7 @@
 //! one and returns its [`Report`].
 
 pub mod calibration;
+pub mod fanout;
 pub mod lab;
 pub mod link;
 pub mod scale;
@@ -46,6 +47,9 @@ pub fn run_scenario(
             let mut tick = |elapsed: Duration| progress(&label, elapsed);
             let metrics = match (scenario.kind.as_str(), policy.as_str()) {
                 ("calibration", "meshwire") => calibration::run_case(case, seed, mode, &mut tick)?,
+                ("fanout", policy) if mode == Mode::Virtual => {
+                    fanout::run_case(case, seed, policy, &mut tick)?
+                }
                 ("scale", "meshwire") if mode == Mode::Virtual => {
                     scale::run_case(case, seed, &mut tick)?
                 }

@@ -31,6 +31,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use meshwire_alloc_count::{untracked, Untracked};
 use quinn::udp::{EcnCodepoint, RecvMeta, Transmit};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -288,13 +289,19 @@ impl LabSocket {
         let (inbound_tx, inbound) = mpsc::channel(RECEIVE_QUEUE);
         let stats = Arc::new(SocketStats::default());
         let waiting = Arc::new(AtomicU64::new(0));
-        tokio::spawn(egress_loop(
+        // The emulated network's memory is the lab's, not the node's: a tracked context (the
+        // fan-out scenario's sender heap) never counts it.
+        tokio::spawn(Untracked::new(egress_loop(
             transport.clone(),
             queue,
             waiting.clone(),
             stats.clone(),
-        ));
-        tokio::spawn(ingress_loop(transport.clone(), inbound_tx, stats.clone()));
+        )));
+        tokio::spawn(Untracked::new(ingress_loop(
+            transport.clone(),
+            inbound_tx,
+            stats.clone(),
+        )));
         Arc::new(Self {
             local,
             transport,
@@ -319,6 +326,10 @@ impl LabSocket {
 
     /// Sends one datagram through the emulated link (used by calibration to send raw datagrams).
     pub fn send_datagram(&self, to: SocketAddr, payload: &[u8], ecn: Option<EcnCodepoint>) {
+        untracked(|| self.emulate_send(to, payload, ecn));
+    }
+
+    fn emulate_send(&self, to: SocketAddr, payload: &[u8], ecn: Option<EcnCodepoint>) {
         let now = Instant::now();
         let spec = self.network.link(self.local.ip(), to.ip());
         let uplink = self.network.uplink(self.local.ip());
@@ -487,6 +498,25 @@ impl quinn::AsyncUdpSocket for LabSocket {
         buffers: &mut [IoSliceMut<'_>],
         meta: &mut [RecvMeta],
     ) -> Poll<io::Result<usize>> {
+        untracked(|| self.emulate_recv(cx, buffers, meta))
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+
+    fn may_fragment(&self) -> bool {
+        false
+    }
+}
+
+impl LabSocket {
+    fn emulate_recv(
+        &self,
+        cx: &mut Context<'_>,
+        buffers: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> Poll<io::Result<usize>> {
         let mut inbound = lock(&self.inbound);
         let mut filled = 0;
         while filled < buffers.len().min(meta.len()) {
@@ -521,13 +551,5 @@ impl quinn::AsyncUdpSocket for LabSocket {
             filled += 1;
         }
         Poll::Ready(Ok(filled))
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.local)
-    }
-
-    fn may_fragment(&self) -> bool {
-        false
     }
 }
