@@ -29,6 +29,9 @@ const FANOUT: ProtocolId = ProtocolId(40);
 
 static SENDER_RUNTIME: AtomicU64 = AtomicU64::new(0);
 
+/// A receiver's SHA-256 of what arrived, and when.
+type Arrival = ([u8; 32], Duration);
+
 fn runtime_key(id: tokio::runtime::Id) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     id.hash(&mut hasher);
@@ -79,7 +82,7 @@ pub fn run_case(
         .spec()
         .map_err(|reason| ScenarioError::failed(case, reason))?;
     let mut lab = Lab::new(seed, spec, case.duration() + Duration::from_secs(1));
-    let arrivals: Rc<RefCell<Vec<([u8; 32], Duration)>>> = Rc::default();
+    let arrivals: Rc<RefCell<Vec<Arrival>>> = Rc::default();
     let names: Vec<String> = (0..peers).map(|index| format!("r{index:03}")).collect();
     for name in &names {
         let arrivals = arrivals.clone();
