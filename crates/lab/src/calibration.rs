@@ -7,6 +7,7 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -91,14 +92,19 @@ fn serve_forever(lab: &mut Lab, configure: impl Fn(&mut NodeConfig) + 'static) {
     });
 }
 
+/// The address and identity of host `b`'s node.
+fn node_b(lab: &Lab, case: &CaseFile) -> Result<(SocketAddr, meshwire::PeerId), ScenarioError> {
+    let address = lab
+        .node_address("b")
+        .map_err(|e| ScenarioError::failed(case, e.to_string()))?;
+    Ok((address, lab.peer_id("b")))
+}
+
 /// Median round trip of echo requests on a warm connection.
 fn rtt(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), ScenarioError> {
     let samples = case.param_u64("requests", 21)? as usize;
     serve_forever(lab, |_| {});
-    let b = lab
-        .node_address("b")
-        .map_err(|e| ScenarioError::failed(case, e.to_string()))?;
-    let b_id = lab.peer_id("b");
+    let (b, b_id) = node_b(lab, case)?;
     lab.client("a", move |context| async move {
         let (node, _) = context.start_node(context.node_config()).await?;
         node.connect(b, b_id).await?;
@@ -177,10 +183,7 @@ fn bulk(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), 
             }
         });
     }
-    let b = lab
-        .node_address("b")
-        .map_err(|e| ScenarioError::failed(case, e.to_string()))?;
-    let b_id = lab.peer_id("b");
+    let (b, b_id) = node_b(lab, case)?;
     lab.client("a", move |context| async move {
         let mut config = context.node_config();
         configure(&mut config);
@@ -345,10 +348,7 @@ fn partition(
             }
         });
     }
-    let b = lab
-        .node_address("b")
-        .map_err(|e| ScenarioError::failed(case, e.to_string()))?;
-    let b_id = lab.peer_id("b");
+    let (b, b_id) = node_b(lab, case)?;
     lab.client("a", move |context| async move {
         let (node, _) = context.start_node(context.node_config()).await?;
         node.add_peer(b, b_id)?;

@@ -57,13 +57,14 @@ async fn a_restarted_peer_is_reconnected_within_the_backoff_bound() {
     );
     assert_eq!(a.metrics().reconnect_count(), 1);
 
-    a.send(b_id, CHAT, Bytes::from_static(b"after restart"))
-        .await
-        .unwrap();
-    let message = tokio::time::timeout(PATIENCE, inbox.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let message = round_trip_message(
+        &a,
+        b_id,
+        CHAT,
+        Bytes::from_static(b"after restart"),
+        &mut inbox,
+    )
+    .await;
     assert_eq!(&message.payload[..], b"after restart");
 }
 
@@ -160,13 +161,8 @@ async fn malformed_frames_close_the_offending_connection_only() {
         assert_eq!(node.metrics().frame_error_count(reason), 1, "{reason}");
 
         // The well-behaved peer is still served: messages and requests both.
-        good.send(node_id, CHAT, Bytes::from(reason.as_bytes().to_vec()))
-            .await
-            .unwrap();
-        let message = tokio::time::timeout(PATIENCE, inbox.recv())
-            .await
-            .unwrap()
-            .unwrap();
+        let payload = Bytes::from(reason.as_bytes().to_vec());
+        let message = round_trip_message(&good, node_id, CHAT, payload, &mut inbox).await;
         assert_eq!(message.payload, reason.as_bytes());
         assert_eq!(message.from, good.peer_id());
     }

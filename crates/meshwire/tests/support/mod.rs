@@ -65,3 +65,19 @@ pub async fn next_event(
     .await
     .expect("event never arrived")
 }
+
+/// Sends `payload` from `from` to `to` on `protocol` and returns what `inbox` (to's subscription)
+/// receives next.
+pub async fn round_trip_message(
+    from: &Node,
+    to: PeerId,
+    protocol: meshwire::ProtocolId,
+    payload: bytes::Bytes,
+    inbox: &mut tokio::sync::mpsc::Receiver<meshwire::InboundMessage>,
+) -> meshwire::InboundMessage {
+    from.send(to, protocol, payload).await.unwrap();
+    tokio::time::timeout(PATIENCE, inbox.recv())
+        .await
+        .expect("message never arrived")
+        .expect("inbox closed")
+}
