@@ -171,9 +171,14 @@ impl Metrics {
     }
 
     pub(crate) fn observe_rtt(&self, peer: &PeerId, rtt: std::time::Duration) {
+        self.peer_rtt_gauge(peer).set(rtt.as_secs_f64());
+    }
+
+    /// The RTT gauge of `peer`, for a caller that updates it often (no label lookup per update).
+    pub(crate) fn peer_rtt_gauge(&self, peer: &PeerId) -> Gauge<f64, std::sync::atomic::AtomicU64> {
         self.peer_rtt_seconds
             .get_or_create(&PeerLabel { peer: peer.short() })
-            .set(rtt.as_secs_f64());
+            .clone()
     }
 
     /// Current value of `meshwire_dropped_total{reason}` (for tests and status pages).

@@ -317,6 +317,16 @@ struct Outbound {
     _permit: OwnedSemaphorePermit,
 }
 
+impl Outbound {
+    fn new(message: &EncodedMessage, dst: &Destination, permit: OwnedSemaphorePermit) -> Self {
+        Self {
+            chunks: message.chunks_for(dst),
+            len: message.frame_len() as u64,
+            _permit: permit,
+        }
+    }
+}
+
 #[derive(Clone)]
 struct OutboundQueue {
     tx: mpsc::Sender<Outbound>,
@@ -336,11 +346,7 @@ impl OutboundQueue {
             .clone()
             .try_acquire_many_owned(len)
             .map_err(|_| SendError::QueueFull(peer))?;
-        let item = Outbound {
-            chunks: message.chunks_for(dst),
-            len: u64::from(len),
-            _permit: permit,
-        };
+        let item = Outbound::new(message, dst, permit);
         self.tx.try_send(item).map_err(|error| match error {
             mpsc::error::TrySendError::Full(_) => SendError::QueueFull(peer),
             mpsc::error::TrySendError::Closed(_) => SendError::UnknownPeer(peer),
@@ -360,11 +366,7 @@ impl OutboundQueue {
             .acquire_many_owned(len)
             .await
             .map_err(|_| SendError::UnknownPeer(peer))?;
-        let item = Outbound {
-            chunks: message.chunks_for(dst),
-            len: u64::from(len),
-            _permit: permit,
-        };
+        let item = Outbound::new(message, dst, permit);
         self.tx
             .send(item)
             .await
@@ -1108,6 +1110,8 @@ impl Inner {
         mut queue: mpsc::Receiver<Outbound>,
         mut current: watch::Receiver<Option<Current>>,
     ) {
+        // Looked up once: the writer updates it after every drained queue.
+        let rtt_gauge = self.metrics.peer_rtt_gauge(&peer);
         let mut stream: Option<(usize, SendStream)> = None;
         while let Some(mut item) = queue.recv().await {
             let connection = loop {
@@ -1143,7 +1147,7 @@ impl Inner {
                     self.metrics.frames_sent.inc();
                     self.metrics.bytes_sent.inc_by(item.len);
                     if queue.is_empty() {
-                        self.metrics.observe_rtt(&peer, connection.rtt());
+                        rtt_gauge.set(connection.rtt().as_secs_f64());
                     }
                 }
                 Err(_) => {
