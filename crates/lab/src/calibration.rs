@@ -108,27 +108,16 @@ fn rtt(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), S
     lab.client("a", move |context| async move {
         let (node, _) = context.start_node(context.node_config()).await?;
         node.connect(b, b_id).await?;
-        for _ in 0..3 {
-            node.request(
-                b_id,
-                ECHO,
-                Bytes::from_static(b"warm"),
-                Duration::from_secs(5),
-            )
-            .await?;
-        }
-        let mut rtts = Vec::with_capacity(samples);
-        for _ in 0..samples {
+        // The first three round trips warm the connection and are not counted.
+        let mut rtts = Vec::with_capacity(samples + 3);
+        for _ in 0..samples + 3 {
             let started = Instant::now();
-            node.request(
-                b_id,
-                ECHO,
-                Bytes::from_static(b"ping"),
-                Duration::from_secs(5),
-            )
-            .await?;
+            let body = Bytes::from_static(b"ping");
+            node.request(b_id, ECHO, body, Duration::from_secs(5))
+                .await?;
             rtts.push(started.elapsed().as_secs_f64() * 1e3);
         }
+        rtts.drain(..3);
         rtts.sort_by(f64::total_cmp);
         metrics
             .borrow_mut()
