@@ -1,0 +1,4 @@
+//! Serve versioned objects from a meshwire node: quorum reads and writes, an embedded store, an
+//! HTTP API.
+
+pub mod store;

@@ -1,0 +1,353 @@
+//! Keep a node's objects in an embedded, transactional store (redb) in its data directory.
+//!
+//! # Design
+//!
+//! One redb table maps a key to `[version u64 LE][SHA-256 32][content]`, and a second holds the
+//! total content bytes. A write reads the current record and replaces it only if the new copy wins
+//! (higher version; at equal versions, the smaller hash, the same rule [`merge`] ends with), inside
+//! one write transaction that commits durably: a crash mid-write leaves the old record or the new
+//! one, never a torn one (redb's commit is atomic). Every read recomputes the hash, so a record
+//! damaged on disk is reported as [`StoreError::Corrupt`] instead of being served or replicated.
+//!
+//! Hot objects are kept in a bounded in-memory cache of shared buffers, so many readers of one large
+//! object share one copy (the 250-reader test in `bench/http.sh`).
+//!
+//! [`merge`]: meshwire_proto::object::merge
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use meshwire_proto::object::{content_hash, Stamp};
+use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
+
+const OBJECTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("objects");
+const TOTALS: TableDefinition<'_, &str, u64> = TableDefinition::new("totals");
+const CONTENT_BYTES: &str = "content_bytes";
+const RECORD_HEADER: usize = 8 + 32;
+
+/// Why the store failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database file could not be opened or created.
+    #[error("cannot open the object store: {0}")]
+    Open(#[from] redb::DatabaseError),
+    /// A transaction, table or commit failed.
+    #[error("object store failure: {0}")]
+    Storage(String),
+    /// A stored record is damaged: its hash does not match, or it is too short.
+    #[error("object {key:?} is corrupt: {reason}")]
+    Corrupt {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+}
+
+fn storage(error: impl std::fmt::Display) -> StoreError {
+    StoreError::Storage(error.to_string())
+}
+
+/// A stored object's stamp and content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredObject {
+    /// Version and hash.
+    pub stamp: Stamp,
+    /// The content.
+    pub content: Bytes,
+}
+
+/// How many objects and content bytes the store holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StoreSize {
+    /// Objects.
+    pub objects: u64,
+    /// Content bytes.
+    pub content_bytes: u64,
+}
+
+#[derive(Debug)]
+struct Cache {
+    limit_bytes: usize,
+    bytes: usize,
+    entries: HashMap<String, StoredObject>,
+    order: VecDeque<String>,
+}
+
+impl Cache {
+    fn get(&self, key: &str) -> Option<StoredObject> {
+        self.entries.get(key).cloned()
+    }
+
+    fn remove(&mut self, key: &str) {
+        if let Some(old) = self.entries.remove(key) {
+            self.bytes -= old.content.len();
+            self.order.retain(|k| k != key);
+        }
+    }
+
+    fn insert(&mut self, key: &str, object: StoredObject) {
+        self.remove(key);
+        // An object larger than a quarter of the cache would evict too much to be worth keeping.
+        if object.content.len() > self.limit_bytes / 4 {
+            return;
+        }
+        while self.bytes + object.content.len() > self.limit_bytes {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(old) = self.entries.remove(&oldest) {
+                self.bytes -= old.content.len();
+            }
+        }
+        self.bytes += object.content.len();
+        self.order.push_back(key.to_string());
+        self.entries.insert(key.to_string(), object);
+    }
+}
+
+/// The object store.
+#[derive(Debug)]
+pub struct Store {
+    db: redb::Database,
+    cache: Mutex<Cache>,
+}
+
+/// Default bound of the in-memory cache of hot objects.
+pub const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
+
+impl Store {
+    /// Opens (or creates) the store file at `path`.
+    pub fn open(path: &Path, cache_bytes: usize) -> Result<Self, StoreError> {
+        Self::init(redb::Database::create(path)?, cache_bytes)
+    }
+
+    /// A store in memory (tests and the lab).
+    pub fn in_memory(cache_bytes: usize) -> Result<Self, StoreError> {
+        let db =
+            redb::Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        Self::init(db, cache_bytes)
+    }
+
+    fn init(db: redb::Database, cache_bytes: usize) -> Result<Self, StoreError> {
+        // Create the tables so readers never see them missing.
+        let txn = db.begin_write().map_err(storage)?;
+        txn.open_table(OBJECTS).map_err(storage)?;
+        txn.open_table(TOTALS).map_err(storage)?;
+        txn.commit().map_err(storage)?;
+        Ok(Self {
+            db,
+            cache: Mutex::new(Cache {
+                limit_bytes: cache_bytes,
+                bytes: 0,
+                entries: HashMap::new(),
+                order: VecDeque::new(),
+            }),
+        })
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The object under `key`, its content checked against its hash.
+    pub fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
+        if let Some(object) = self.cache().get(key) {
+            return Ok(Some(object));
+        }
+        let txn = self.db.begin_read().map_err(storage)?;
+        let table = txn.open_table(OBJECTS).map_err(storage)?;
+        let Some(record) = table.get(key).map_err(storage)? else {
+            return Ok(None);
+        };
+        let object = decode_record(key, record.value())?;
+        self.cache().insert(key, object.clone());
+        Ok(Some(object))
+    }
+
+    /// The stamp of the object under `key` (its content is checked too).
+    pub fn stamp(&self, key: &str) -> Result<Option<Stamp>, StoreError> {
+        Ok(self.get(key)?.map(|object| object.stamp))
+    }
+
+    /// Stores `content` under `key` with `stamp` if it wins over the stored copy (see the module
+    /// docs). Returns the stamp the store holds afterwards. The caller has checked the hash.
+    pub fn put(&self, key: &str, stamp: Stamp, content: Bytes) -> Result<Stamp, StoreError> {
+        let txn = self.db.begin_write().map_err(storage)?;
+        let held = {
+            let mut table = txn.open_table(OBJECTS).map_err(storage)?;
+            let old = match table.get(key).map_err(storage)? {
+                Some(record) => Some(record_header(key, record.value())?),
+                None => None,
+            };
+            let wins = old.is_none_or(|(old, _)| {
+                stamp.version > old.version
+                    || (stamp.version == old.version && stamp.hash < old.hash)
+            });
+            if !wins {
+                return Ok(old.map(|(old, _)| old).unwrap_or(stamp));
+            }
+            let mut record = Vec::with_capacity(RECORD_HEADER + content.len());
+            record.extend_from_slice(&stamp.version.to_le_bytes());
+            record.extend_from_slice(&stamp.hash);
+            record.extend_from_slice(&content);
+            table.insert(key, record.as_slice()).map_err(storage)?;
+            let mut totals = txn.open_table(TOTALS).map_err(storage)?;
+            let total = totals
+                .get(CONTENT_BYTES)
+                .map_err(storage)?
+                .map_or(0, |v| v.value());
+            let old_len = old.map_or(0, |(_, len)| len as u64);
+            let new_total = (total + content.len() as u64).saturating_sub(old_len);
+            totals.insert(CONTENT_BYTES, new_total).map_err(storage)?;
+            stamp
+        };
+        txn.commit().map_err(storage)?;
+        self.cache().insert(key, StoredObject { stamp, content });
+        Ok(held)
+    }
+
+    /// Objects and content bytes held.
+    pub fn size(&self) -> Result<StoreSize, StoreError> {
+        let txn = self.db.begin_read().map_err(storage)?;
+        let objects = txn
+            .open_table(OBJECTS)
+            .map_err(storage)?
+            .len()
+            .map_err(storage)?;
+        let content_bytes = txn
+            .open_table(TOTALS)
+            .map_err(storage)?
+            .get(CONTENT_BYTES)
+            .map_err(storage)?
+            .map_or(0, |v| v.value());
+        Ok(StoreSize {
+            objects,
+            content_bytes,
+        })
+    }
+}
+
+fn record_header(key: &str, record: &[u8]) -> Result<(Stamp, usize), StoreError> {
+    if record.len() < RECORD_HEADER {
+        return Err(StoreError::Corrupt {
+            key: key.to_string(),
+            reason: "record shorter than its header",
+        });
+    }
+    let mut version = [0u8; 8];
+    version.copy_from_slice(&record[..8]);
+    let mut hash = [0u8; 32];
+    hash.copy_from_slice(&record[8..RECORD_HEADER]);
+    Ok((
+        Stamp {
+            version: u64::from_le_bytes(version),
+            hash,
+        },
+        record.len() - RECORD_HEADER,
+    ))
+}
+
+fn decode_record(key: &str, record: &[u8]) -> Result<StoredObject, StoreError> {
+    let (stamp, _) = record_header(key, record)?;
+    let content = &record[RECORD_HEADER..];
+    if content_hash(content) != stamp.hash {
+        return Err(StoreError::Corrupt {
+            key: key.to_string(),
+            reason: "content does not match its hash",
+        });
+    }
+    Ok(StoredObject {
+        stamp,
+        content: Bytes::copy_from_slice(content),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stamp(version: u64, content: &[u8]) -> Stamp {
+        Stamp {
+            version,
+            hash: content_hash(content),
+        }
+    }
+
+    #[test]
+    fn newer_versions_replace_older_ones_only() {
+        let store = Store::in_memory(1 << 20).unwrap();
+        assert_eq!(store.get("k").unwrap(), None);
+        let v2 = stamp(2, b"two");
+        assert_eq!(store.put("k", v2, Bytes::from_static(b"two")).unwrap(), v2);
+        let v1 = stamp(1, b"one");
+        assert_eq!(store.put("k", v1, Bytes::from_static(b"one")).unwrap(), v2);
+        assert_eq!(store.get("k").unwrap().unwrap().content, "two");
+        let v3 = stamp(3, b"three!");
+        store.put("k", v3, Bytes::from_static(b"three!")).unwrap();
+        assert_eq!(store.get("k").unwrap().unwrap().stamp, v3);
+        assert_eq!(
+            store.size().unwrap(),
+            StoreSize {
+                objects: 1,
+                content_bytes: 6
+            }
+        );
+    }
+
+    #[test]
+    fn records_survive_reopening_and_corruption_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("objects.redb");
+        {
+            let store = Store::open(&path, 1 << 20).unwrap();
+            store
+                .put("good", stamp(1, b"fine"), Bytes::from_static(b"fine"))
+                .unwrap();
+            store
+                .put("bad", stamp(1, b"fine"), Bytes::from_static(b"fine"))
+                .unwrap();
+        }
+        {
+            // Damage one record behind the store's back, as a disk fault would.
+            let db = redb::Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut table = txn.open_table(OBJECTS).unwrap();
+                let mut record = table.get("bad").unwrap().unwrap().value().to_vec();
+                let last = record.len() - 1;
+                record[last] ^= 0xff;
+                table.insert("bad", record.as_slice()).unwrap();
+                table.insert("short", [1u8, 2, 3].as_slice()).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let store = Store::open(&path, 1 << 20).unwrap();
+        assert_eq!(store.get("good").unwrap().unwrap().content, "fine");
+        assert!(matches!(
+            store.get("bad"),
+            Err(StoreError::Corrupt { key, .. }) if key == "bad"
+        ));
+        assert!(matches!(
+            store.get("short"),
+            Err(StoreError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_bound() {
+        let store = Store::in_memory(4096).unwrap();
+        for i in 0..100u64 {
+            let content = Bytes::from(vec![i as u8; 500]);
+            store
+                .put(&format!("k{i}"), stamp(1, &content), content)
+                .unwrap();
+        }
+        assert!(store.cache().bytes <= 4096);
+        assert_eq!(store.get("k0").unwrap().unwrap().content.len(), 500);
+        assert_eq!(store.size().unwrap().objects, 100);
+    }
+}
