@@ -36,7 +36,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run a node until interrupted: dial configured peers, accept others, answer echo requests.
+    /// Run a node until interrupted: dial configured peers, accept others, answer echo requests,
+    /// store and replicate objects, serve the HTTP API.
     Node(NodeArgs),
     /// Print the node's PeerId (creating its identity in the data directory on first use).
     Id {
@@ -85,9 +86,30 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     let node = Node::bind(config, settings.listen)
         .with_context(|| format!("cannot start a node on {}", settings.listen))?;
     node.handle(ECHO, |_, body: Bytes| async move { Ok(body) });
+    let store_path = settings.data_dir.join("objects.redb");
+    let store = meshwire_daemon::store::Store::open(
+        &store_path,
+        meshwire_daemon::store::DEFAULT_CACHE_BYTES,
+    )
+    .with_context(|| format!("cannot open the object store {}", store_path.display()))?;
+    let objects =
+        meshwire_daemon::objects::ObjectService::new(node.clone(), store, settings.objects, None)?;
+    let listener = tokio::net::TcpListener::bind(settings.http)
+        .await
+        .with_context(|| format!("cannot listen for HTTP on {}", settings.http))?;
+    let http_address = listener.local_addr()?;
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let http = tokio::spawn(meshwire_daemon::http::serve(
+        listener,
+        objects,
+        async move {
+            let _ = http_stopped.await;
+        },
+    ));
     tracing::info!(
         peer_id = %node.peer_id(),
         address = %node.local_addr()?,
+        http = %format!("http://{http_address}"),
         "node running; stop with ctrl-c"
     );
     let mut events = node.events();
@@ -128,6 +150,8 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
         }
     }
     tracing::info!("shutting down");
+    let _ = stop_http.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(2), http).await;
     node.close().await;
     Ok(())
 }

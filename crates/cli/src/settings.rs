@@ -28,6 +28,9 @@ pub struct NodeArgs {
     /// Accept and dial only these peers (repeatable); without it, any peer may connect.
     #[arg(long = "allow")]
     pub allow: Vec<PeerId>,
+    /// TCP address of the HTTP API (default 127.0.0.1:7780).
+    #[arg(long)]
+    pub http: Option<SocketAddr>,
 }
 
 /// A peer's identity and address: `PEERID@HOST:PORT`.
@@ -66,6 +69,21 @@ struct FileSettings {
     allowlist: Option<Vec<String>>,
     #[serde(default)]
     transport: FileTransport,
+    http_listen: Option<SocketAddr>,
+    #[serde(default)]
+    objects: FileObjects,
+}
+
+/// The `[objects]` table: replication and quorum settings (see docs/objects.md).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileObjects {
+    pub replication: Option<usize>,
+    pub write_quorum: Option<usize>,
+    pub read_quorum: Option<usize>,
+    pub read_policy: Option<String>,
+    pub max_object_bytes: Option<usize>,
+    pub deadline_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -85,6 +103,8 @@ pub struct Settings {
     pub listen: SocketAddr,
     pub peers: Vec<PeerAddress>,
     pub allowlist: Option<HashSet<PeerId>>,
+    pub http: SocketAddr,
+    pub objects: meshwire_daemon::objects::ObjectConfig,
     transport: FileTransport,
 }
 
@@ -119,6 +139,7 @@ impl Settings {
         if let Some(congestion) = &file.transport.congestion {
             parse_congestion(congestion)?;
         }
+        let objects = object_config(&file.objects)?;
         Ok(Self {
             data_dir: args
                 .data_dir
@@ -131,6 +152,11 @@ impl Settings {
                 .unwrap_or_else(|| "127.0.0.1:7700".parse().expect("valid literal")),
             peers,
             allowlist,
+            http: args
+                .http
+                .or(file.http_listen)
+                .unwrap_or_else(|| "127.0.0.1:7780".parse().expect("valid literal")),
+            objects,
             transport: file.transport,
         })
     }
@@ -162,6 +188,36 @@ fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
     toml::from_str(&text).with_context(|| format!("config file {} is invalid", path.display()))
 }
 
+fn object_config(file: &FileObjects) -> anyhow::Result<meshwire_daemon::objects::ObjectConfig> {
+    let mut config = meshwire_daemon::objects::ObjectConfig::default();
+    if let Some(value) = file.replication {
+        config.replication = value;
+    }
+    if let Some(value) = file.write_quorum {
+        config.write_quorum = value;
+    }
+    if let Some(value) = file.read_quorum {
+        config.read_quorum = value;
+    }
+    if let Some(policy) = &file.read_policy {
+        config.read_policy = policy.parse()?;
+    }
+    if let Some(value) = file.max_object_bytes {
+        config.max_object_bytes = value;
+    }
+    if let Some(ms) = file.deadline_ms {
+        config.deadline = Duration::from_millis(ms);
+    }
+    if config.write_quorum == 0
+        || config.write_quorum > config.replication
+        || config.read_quorum == 0
+        || config.read_quorum > config.replication
+    {
+        bail!("[objects] needs 1 <= write_quorum, read_quorum <= replication");
+    }
+    Ok(config)
+}
+
 fn parse_congestion(name: &str) -> anyhow::Result<Congestion> {
     Ok(match name {
         "cubic" => Congestion::Cubic,
@@ -182,6 +238,7 @@ mod tests {
             listen: None,
             peers: Vec::new(),
             allow: Vec::new(),
+            http: None,
         }
     }
 

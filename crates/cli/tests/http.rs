@@ -1,0 +1,414 @@
+//! The HTTP API against a real 3-node cluster of `meshwire node` processes on loopback.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_meshwire");
+const MAX_OBJECT_BYTES: usize = 1024 * 1024;
+
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Response {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|error| {
+            panic!(
+                "status {} body is not JSON ({error}): {:?}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// One HTTP/1.1 exchange with `Connection: close`, so the response ends at EOF.
+fn http(address: SocketAddr, method: &str, path: &str, body: &[u8]) -> std::io::Result<Response> {
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(15)))?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )?;
+    stream.write_all(body)?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no header end"))?;
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no status line"))?;
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    Ok(Response {
+        status,
+        headers,
+        body: raw[split + 4..].to_vec(),
+    })
+}
+
+fn free_tcp() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn free_udp() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+struct Member {
+    data_dir: PathBuf,
+    id: String,
+    udp: SocketAddr,
+    http: SocketAddr,
+    child: Option<Child>,
+}
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    config: PathBuf,
+    members: Vec<Member>,
+}
+
+impl Cluster {
+    fn start(nodes: usize) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("node.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[objects]\nreplication = 3\nwrite_quorum = 2\nread_quorum = 2\n\
+                 max_object_bytes = {MAX_OBJECT_BYTES}\ndeadline_ms = 2000\n"
+            ),
+        )
+        .unwrap();
+        let members = (0..nodes)
+            .map(|index| {
+                let data_dir = dir.path().join(format!("n{index}"));
+                let output = Command::new(BIN)
+                    .args(["id", "--data-dir"])
+                    .arg(&data_dir)
+                    .output()
+                    .unwrap();
+                assert!(output.status.success());
+                Member {
+                    data_dir,
+                    id: String::from_utf8(output.stdout).unwrap().trim().to_string(),
+                    udp: free_udp(),
+                    http: free_tcp(),
+                    child: None,
+                }
+            })
+            .collect();
+        let mut cluster = Self {
+            _dir: dir,
+            config,
+            members,
+        };
+        for index in 0..nodes {
+            cluster.spawn(index);
+        }
+        for index in 0..nodes {
+            cluster.wait_connected(index, nodes - 1);
+        }
+        cluster
+    }
+
+    fn spawn(&mut self, index: usize) {
+        let peers: Vec<String> = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(other, _)| *other != index)
+            .map(|(_, m)| format!("{}@{}", m.id, m.udp))
+            .collect();
+        let member = &self.members[index];
+        let mut command = Command::new(BIN);
+        command
+            .arg("node")
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--data-dir")
+            .arg(&member.data_dir)
+            .arg("--listen")
+            .arg(member.udp.to_string())
+            .arg("--http")
+            .arg(member.http.to_string())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        for peer in peers {
+            command.arg("--peer").arg(peer);
+        }
+        let child = command.spawn().unwrap();
+        self.members[index].child = Some(child);
+    }
+
+    fn kill(&mut self, index: usize) {
+        if let Some(mut child) = self.members[index].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn http(&self, index: usize) -> SocketAddr {
+        self.members[index].http
+    }
+
+    fn wait_connected(&self, index: usize, peers: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(response) = http(self.http(index), "GET", "/status", b"") {
+                if response.status == 200 {
+                    let status = response.json();
+                    let connected = status["peers"]
+                        .as_array()
+                        .map_or(0, |p| p.iter().filter(|p| p["connected"] == true).count());
+                    if connected >= peers {
+                        return;
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "node {index} did not connect");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Polls a local read on `index` until `accept` holds for its body (or gives up after 10 s).
+    fn local_body(&self, index: usize, key: &str) -> Option<Vec<u8>> {
+        let response = http(
+            self.http(index),
+            "GET",
+            &format!("/objects/{key}?local=true"),
+            b"",
+        )
+        .ok()?;
+        (response.status == 200).then_some(response.body)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for index in 0..self.members.len() {
+            self.kill(index);
+        }
+    }
+}
+
+fn wallet(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn eventually(mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+fn assert_error(response: &Response, status: u16, code: &str) -> serde_json::Value {
+    assert_eq!(
+        response.status,
+        status,
+        "{:?}",
+        String::from_utf8_lossy(&response.body)
+    );
+    assert!(response
+        .header("content-type")
+        .is_some_and(|v| v.starts_with("application/json")));
+    let body = response.json();
+    assert_eq!(body["error"], code, "{body}");
+    assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()));
+    body
+}
+
+#[test]
+fn write_read_bad_requests_and_a_stopped_replica() {
+    let mut cluster = Cluster::start(3);
+    let content = wallet(1, 4096);
+
+    // Write on one node, read through another.
+    let put = http(cluster.http(0), "PUT", "/objects/wallet-0001", &content).unwrap();
+    assert_eq!(put.status, 201, "{:?}", String::from_utf8_lossy(&put.body));
+    let written = put.json();
+    assert!(written["acks"].as_u64().unwrap() >= 2, "{written}");
+    assert_eq!(written["replicas"], 3);
+    let got = http(cluster.http(1), "GET", "/objects/wallet-0001", b"").unwrap();
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body, content);
+    assert_eq!(
+        got.header("x-meshwire-version"),
+        Some(written["version"].to_string().as_str())
+    );
+    // The write reaches every replica, so a local read on the third node finds it too.
+    assert!(eventually(
+        || cluster.local_body(2, "wallet-0001") == Some(content.clone())
+    ));
+    // A rewrite through another node wins over the first version.
+    let newer = wallet(2, 4096);
+    assert_eq!(
+        http(cluster.http(2), "PUT", "/objects/wallet-0001", &newer)
+            .unwrap()
+            .status,
+        201
+    );
+    assert_eq!(
+        http(cluster.http(0), "GET", "/objects/wallet-0001", b"")
+            .unwrap()
+            .body,
+        newer
+    );
+
+    // Every bad request gets its documented status and JSON body.
+    let bad_key = http(cluster.http(0), "GET", "/objects/bad%20key!", b"").unwrap();
+    assert_error(&bad_key, 400, "invalid_key");
+    let long_key = format!("/objects/{}", "k".repeat(300));
+    assert_error(
+        &http(cluster.http(0), "PUT", &long_key, b"x").unwrap(),
+        400,
+        "invalid_key",
+    );
+    let too_large = http(
+        cluster.http(0),
+        "PUT",
+        "/objects/big",
+        &vec![0u8; MAX_OBJECT_BYTES + 1],
+    )
+    .unwrap();
+    let body = assert_error(&too_large, 413, "too_large");
+    assert_eq!(body["max_bytes"], MAX_OBJECT_BYTES);
+    assert_error(
+        &http(cluster.http(1), "GET", "/objects/missing", b"").unwrap(),
+        404,
+        "not_found",
+    );
+    assert_error(
+        &http(cluster.http(1), "GET", "/objects/missing?local=true", b"").unwrap(),
+        404,
+        "not_found",
+    );
+    assert_error(
+        &http(cluster.http(1), "GET", "/nowhere", b"").unwrap(),
+        404,
+        "no_route",
+    );
+
+    // Status, peers and metrics answer.
+    let status = http(cluster.http(0), "GET", "/status", b"").unwrap().json();
+    assert_eq!(status["store"]["objects"], 1);
+    assert_eq!(status["peers"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        http(cluster.http(0), "GET", "/peers", b"")
+            .unwrap()
+            .json()
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    let metrics = http(cluster.http(1), "GET", "/metrics", b"").unwrap();
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(text.contains("meshwire_object_reads_total"), "{text}");
+
+    // A stopped replica does not block reads or writes at quorum.
+    cluster.kill(2);
+    let started = Instant::now();
+    let got = http(cluster.http(0), "GET", "/objects/wallet-0001", b"").unwrap();
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body, newer);
+    let put = http(cluster.http(1), "PUT", "/objects/wallet-0002", &content).unwrap();
+    assert_eq!(put.status, 201, "{:?}", String::from_utf8_lossy(&put.body));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "reads and writes waited for the stopped replica's deadline"
+    );
+
+    // With two of three replicas gone, the quorum cannot be reached: 503 says what was reached.
+    cluster.kill(1);
+    let unavailable = http(cluster.http(0), "GET", "/objects/wallet-0001", b"").unwrap();
+    let body = assert_error(&unavailable, 503, "quorum_not_reached");
+    assert_eq!(body["needed"], 2);
+    assert_eq!(body["reached"], 1);
+}
+
+#[test]
+fn a_node_killed_mid_put_leaves_old_or_new_never_torn() {
+    let mut cluster = Cluster::start(3);
+    let old = wallet(7, 4096);
+    assert_eq!(
+        http(cluster.http(0), "PUT", "/objects/ledger", &old)
+            .unwrap()
+            .status,
+        201
+    );
+    for index in 0..3 {
+        assert!(eventually(
+            || cluster.local_body(index, "ledger") == Some(old.clone())
+        ));
+    }
+    // Every whole version ever written; a replica must always hold one of them.
+    let mut written = vec![old.clone()];
+    // Kill a replica at different moments of a large PUT coordinated by node 0, then the
+    // coordinator itself.
+    for (round, delay_ms) in [0u64, 5, 20, 60, 10].into_iter().enumerate() {
+        let new = wallet(100 + round as u8, MAX_OBJECT_BYTES);
+        written.push(new.clone());
+        let target = if round == 4 { 0 } else { 1 + round % 2 };
+        let address = cluster.http(0);
+        let body = new.clone();
+        let put = std::thread::spawn(move || http(address, "PUT", "/objects/ledger", &body));
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        cluster.kill(target);
+        let _ = put.join().unwrap();
+        cluster.spawn(target);
+        for index in 0..3 {
+            cluster.wait_connected(index, 2);
+        }
+        for index in 0..3 {
+            let body = cluster
+                .local_body(index, "ledger")
+                .expect("every replica still holds a copy");
+            assert!(
+                written.contains(&body),
+                "round {round}: node {index} holds a torn object of {} bytes",
+                body.len()
+            );
+        }
+        // Whatever survived, a quorum read returns one whole version.
+        let read = http(cluster.http(target), "GET", "/objects/ledger", b"").unwrap();
+        assert_eq!(read.status, 200);
+        assert!(written.contains(&read.body), "round {round}: torn read");
+    }
+}
