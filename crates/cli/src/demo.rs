@@ -1,10 +1,13 @@
-//! Start five nodes on loopback and show them working: mesh, messages, requests, fan-out, bulk.
+//! Start five nodes on loopback and show them working: mesh, messages, requests, fan-out, bulk,
+//! and the HTTP object API (PUT through one node, GET through another).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use bytes::Bytes;
 use meshwire::{Keypair, Node, NodeConfig, PeerId, ProtocolId};
+use meshwire_daemon::objects::{ObjectConfig, ObjectService};
+use meshwire_daemon::store::Store;
 
 use crate::ECHO;
 
@@ -19,13 +22,22 @@ const BULK_MESSAGES: usize = 128;
 const BULK_MESSAGE_BYTES: usize = 1024 * 1024;
 const PATIENCE: Duration = Duration::from_secs(30);
 
-pub async fn run() -> anyhow::Result<()> {
-    tokio::time::timeout(Duration::from_secs(60), demo())
+/// Runs the demo; with `serve`, keeps the nodes and their HTTP APIs up until ctrl-c.
+pub async fn run(serve: bool) -> anyhow::Result<()> {
+    let nodes = tokio::time::timeout(Duration::from_secs(60), demo())
         .await
-        .context("the demo did not finish within 60 s")?
+        .context("the demo did not finish within 60 s")??;
+    if serve {
+        println!("\nserving until ctrl-c (try: curl -T FILE URL/objects/KEY, curl URL/status)");
+        tokio::signal::ctrl_c().await?;
+    }
+    for node in &nodes {
+        node.close().await;
+    }
+    Ok(())
 }
 
-async fn demo() -> anyhow::Result<()> {
+async fn demo() -> anyhow::Result<Vec<Node>> {
     let nodes = (0..NODES)
         .map(|_| {
             let node = Node::bind(
@@ -76,15 +88,82 @@ async fn demo() -> anyhow::Result<()> {
     rows.push(("requests", requests(&nodes, &ids).await?));
     rows.push(("fan-out", fanout(&nodes, &ids).await?));
     rows.push(("throughput", bulk(&nodes[0], &nodes[1]).await?));
+    let urls = http_api(&nodes).await?;
+    rows.push(("objects", objects(&urls).await?));
 
     println!("{:<12} result", "step");
     for (step, result) in rows {
         println!("{step:<12} {result}");
     }
-    for node in &nodes {
-        node.close().await;
+    println!("\nHTTP API (objects, /status, /peers, /metrics):");
+    for (index, url) in urls.iter().enumerate() {
+        println!("n{index:<4} {url}");
     }
-    Ok(())
+    Ok(nodes)
+}
+
+/// Starts the object service (in-memory store) and the HTTP API of every node on loopback.
+async fn http_api(nodes: &[Node]) -> anyhow::Result<Vec<String>> {
+    let mut urls = Vec::new();
+    for node in nodes {
+        let store = Store::in_memory(meshwire_daemon::store::DEFAULT_CACHE_BYTES)?;
+        let service = ObjectService::new(node.clone(), store, ObjectConfig::default(), None)?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        urls.push(format!("http://{}", listener.local_addr()?));
+        tokio::spawn(meshwire_daemon::http::serve(
+            listener,
+            service,
+            std::future::pending(),
+        ));
+    }
+    Ok(urls)
+}
+
+/// PUTs a 4 KiB object through n0 and GETs it through n3 with a quorum read.
+async fn objects(urls: &[String]) -> anyhow::Result<String> {
+    let content: Vec<u8> = (0..4096).map(|i| (i % 253) as u8).collect();
+    let started = Instant::now();
+    let (status, _) = http_exchange(&urls[0], "PUT", "/objects/demo-wallet", &content).await?;
+    ensure!(status == 201, "PUT answered {status}");
+    let put_ms = ms(started.elapsed());
+    let started = Instant::now();
+    let (status, body) = http_exchange(&urls[3], "GET", "/objects/demo-wallet", b"").await?;
+    ensure!(status == 200, "GET answered {status}");
+    ensure!(body == content, "GET returned other bytes");
+    Ok(format!(
+        "4 KiB PUT via n0 in {put_ms:.1} ms (W=2 of R=3), quorum GET via n3 identical in {:.1} ms",
+        ms(started.elapsed())
+    ))
+}
+
+/// One HTTP/1.1 exchange with `Connection: close`: the status and the body.
+async fn http_exchange(
+    base: &str,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> anyhow::Result<(u16, Vec<u8>)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body).await?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .context("HTTP response without a header end")?;
+    let status = std::str::from_utf8(&raw[..split])?
+        .split_whitespace()
+        .nth(1)
+        .context("HTTP response without a status")?
+        .parse()?;
+    Ok((status, raw[split + 4..].to_vec()))
 }
 
 async fn messages(nodes: &[Node], ids: &[PeerId]) -> anyhow::Result<String> {

@@ -45,8 +45,13 @@ enum Command {
         #[arg(long, default_value = "meshwire-data")]
         data_dir: PathBuf,
     },
-    /// Start 5 nodes on loopback, exchange messages, requests and a fan-out, print a table.
-    Demo,
+    /// Start 5 nodes on loopback, exchange messages, requests and a fan-out, PUT and GET an object
+    /// over their HTTP APIs, print a table and the URLs.
+    Demo {
+        /// Keep the nodes and their HTTP APIs running until ctrl-c.
+        #[arg(long)]
+        serve: bool,
+    },
     /// Run emulated-network scenarios in virtual time.
     #[command(subcommand)]
     Lab(lab::LabCommand),
@@ -72,7 +77,7 @@ fn main() -> anyhow::Result<()> {
             println!("{}", keypair.peer_id());
             Ok(())
         }
-        Command::Demo => runtime.block_on(demo::run()),
+        Command::Demo { serve } => runtime.block_on(demo::run(serve)),
         // The lab drives its own virtual-time runtimes.
         Command::Lab(command) => lab::run(command),
     }
