@@ -14,6 +14,7 @@ pub mod link;
 pub mod scale;
 pub mod scenario;
 pub mod socket;
+pub mod zold;
 
 use std::time::Duration;
 
@@ -52,6 +53,9 @@ pub fn run_scenario(
                 }
                 ("scale", "meshwire") if mode == Mode::Virtual => {
                     scale::run_case(case, seed, &mut tick)?
+                }
+                ("zold-fetch", policy) if mode == Mode::Virtual => {
+                    zold::run_case(case, seed, policy, &mut tick)?
                 }
                 (kind, policy) => {
                     return Err(ScenarioError::Invalid {

@@ -1,0 +1,310 @@
+//! Reproduce Zold's fetch (`seeds/002`): a client reads objects at quorum from nodes that each hold
+//! every object, while some nodes are slow and one is dead.
+//!
+//! Every server host runs a node with an object service over an in-memory store holding all the
+//! objects (as every Zold node can serve any wallet). Each server sits at its own one-way latency
+//! from the client, drawn uniformly from `[min_latency_ms, max_latency_ms]`; a healthy server adds
+//! a service time drawn per (server, key) from `[0, service_ms_max]`; `slow` servers answer after
+//! `slow_ms`; `dead` servers never start. The client runs the real [`ObjectService::fetch_from`]
+//! (the quorum driver the daemon uses) with the case's policy, starting `reads_per_s` reads per
+//! second until `reads` are done, each asking for the full object from all servers as candidates.
+//!
+//! Metrics: `fetch_ms_p50`, `fetch_ms_p99` (start of the read to the end of its plan),
+//! `quorum_ratio` (reads that reached quorum), `requests_per_read` (replica requests made), and
+//! `ideal_ms_p99`: per read, the round trip plus service time of the `quorum`-th fastest healthy
+//! server — when that read could have finished at the earliest — then the p99 over reads;
+//! `p99_over_ideal` is their ratio and `floor_gap_ms_min` the smallest `fetch − floor` of any read
+//! (a check on the floor: the lab's 1 ms ticks allow a tick or two below it).
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use meshwire::PeerId;
+use meshwire_daemon::objects::{ObjectConfig, ObjectService, FETCH};
+use meshwire_daemon::store::Store;
+use meshwire_proto::object::{content_hash, FetchMode, Stamp};
+use meshwire_proto::quorum::{Policy, QuorumConfig};
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use crate::lab::{clock, derive_seed, Lab};
+use crate::scenario::{round_metric, CaseFile, ScenarioError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Health {
+    Healthy,
+    Slow,
+    Dead,
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    fetch_ms: Vec<(u64, f64)>,
+    reached: u64,
+    requests: u64,
+    done: u64,
+}
+
+fn object_key(index: u64) -> String {
+    format!("wallet-{index:016x}")
+}
+
+fn service_time(seed: u64, server: &str, key: &str, max_ms: u64) -> Duration {
+    if max_ms == 0 {
+        return Duration::ZERO;
+    }
+    let draw = derive_seed(seed, &format!("{server}/{key}"), 11);
+    Duration::from_millis(draw % (max_ms + 1))
+}
+
+fn percentile(sorted: &[f64], quantile: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * quantile).round() as usize]
+}
+
+/// Runs one zold-fetch case under `policy_name`.
+pub fn run_case(
+    case: &CaseFile,
+    seed: u64,
+    policy_name: &str,
+    progress: &mut dyn FnMut(Duration),
+) -> Result<BTreeMap<String, f64>, ScenarioError> {
+    let policy: Policy =
+        policy_name
+            .parse()
+            .map_err(|error: meshwire_proto::quorum::QuorumError| {
+                ScenarioError::failed(case, error.to_string())
+            })?;
+    let servers = case.param_u64("servers", 16)? as usize;
+    let slow = case.param_u64("slow", 4)? as usize;
+    let dead = case.param_u64("dead", 1)? as usize;
+    let slow_ms = case.param_u64("slow_ms", 2000)?;
+    let min_latency = case.param_u64("min_latency_ms", 20)?;
+    let max_latency = case.param_u64("max_latency_ms", 80)?;
+    let service_max = case.param_u64("service_ms_max", 10)?;
+    let reads = case.param_u64("reads", 1000)?;
+    let reads_per_s = case.param_u64("reads_per_s", 50)?;
+    let quorum = case.param_u64("quorum", 3)? as usize;
+    let object_bytes = case.param_u64("object_bytes", 4096)? as usize;
+    let deadline = Duration::from_millis(case.param_u64("deadline_ms", 10_000)?);
+    let attempt_timeout = Duration::from_millis(case.param_u64("attempt_timeout_ms", 4_000)?);
+    let warmup = Duration::from_millis(case.param_u64("warmup_ms", 2000)?);
+    if slow + dead + quorum > servers || reads == 0 || reads_per_s == 0 || min_latency > max_latency
+    {
+        return Err(ScenarioError::failed(
+            case,
+            "needs slow + dead + quorum <= servers, reads and a read rate, min <= max latency",
+        ));
+    }
+    let config = QuorumConfig {
+        policy,
+        quorum,
+        fanout: quorum,
+        max_in_flight: match policy {
+            Policy::Hedged => 2 * quorum,
+            _ => servers,
+        },
+        deadline,
+        attempt_timeout,
+    };
+    config
+        .validate()
+        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+    let spec = case
+        .link
+        .spec()
+        .map_err(|reason| ScenarioError::failed(case, reason))?;
+
+    // Who is slow, who is dead, and how far each server is: all from the scenario seed.
+    let mut rng = SmallRng::seed_from_u64(derive_seed(seed, "zold-fetch", 1));
+    let names: Vec<String> = (0..servers).map(|i| format!("s{i:02}")).collect();
+    let mut health = vec![Health::Healthy; servers];
+    let mut order: Vec<usize> = (0..servers).collect();
+    order.shuffle(&mut rng);
+    for &index in &order[..slow] {
+        health[index] = Health::Slow;
+    }
+    for &index in &order[slow..slow + dead] {
+        health[index] = Health::Dead;
+    }
+    let latency_ms: Vec<u64> = (0..servers)
+        .map(|_| rng.random_range(min_latency..=max_latency))
+        .collect();
+
+    let run_for = warmup
+        + Duration::from_secs_f64(reads as f64 / reads_per_s as f64)
+        + deadline
+        + Duration::from_secs(2);
+    let mut lab = Lab::new(seed, spec, run_for + Duration::from_secs(5));
+    let content: Bytes = (0..object_bytes).map(|i| (i % 251) as u8).collect();
+    let stamp = Stamp {
+        version: 1,
+        hash: content_hash(&content),
+    };
+    for (index, name) in names.iter().enumerate() {
+        let kind = health[index];
+        let content = content.clone();
+        lab.host(name, move |context| {
+            let content = content.clone();
+            async move {
+                if kind == Health::Dead {
+                    // Never starts a node: dials to it get no answer.
+                    std::future::pending::<()>().await;
+                }
+                let (node, _) = context.start_node(context.node_config()).await?;
+                let store = Store::in_memory(0)?;
+                for key in 0..reads {
+                    store.put(&object_key(key), stamp, content.clone())?;
+                }
+                let service =
+                    ObjectService::new(node.clone(), store, ObjectConfig::default(), None)?;
+                let name = context.name.clone();
+                let seed = context.seed;
+                node.handle(FETCH, move |_, body: Bytes| {
+                    let service = service.clone();
+                    let delay = match kind {
+                        Health::Slow => Duration::from_millis(slow_ms),
+                        _ => std::str::from_utf8(body.get(1..).unwrap_or_default())
+                            .map(|key| service_time(seed, &name, key, service_max))
+                            .unwrap_or_default(),
+                    };
+                    async move {
+                        tokio::time::sleep(delay).await;
+                        service.serve_fetch(&body)
+                    }
+                });
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+        });
+    }
+    let ids: Vec<PeerId> = names.iter().map(|name| lab.peer_id(name)).collect();
+    let addresses: Vec<std::net::SocketAddr> = names
+        .iter()
+        .map(|name| lab.node_address(name))
+        .collect::<Result<_, _>>()
+        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+
+    // Per read, the earliest it could finish: the quorum-th fastest healthy answer.
+    let ideal_ms: Vec<f64> = (0..reads)
+        .map(|key| {
+            let key = object_key(key);
+            let mut times: Vec<u64> = (0..servers)
+                .filter(|&i| health[i] == Health::Healthy)
+                .map(|i| {
+                    2 * latency_ms[i]
+                        + service_time(seed, &names[i], &key, service_max).as_millis() as u64
+                })
+                .collect();
+            times.sort_unstable();
+            times[quorum - 1] as f64
+        })
+        .collect();
+
+    let tally: Rc<RefCell<Tally>> = Rc::default();
+    let client_tally = tally.clone();
+    let client_ids = ids.clone();
+    lab.client("client", move |context| async move {
+        let (node, _) = context.start_node(context.node_config()).await?;
+        let service = ObjectService::new(
+            node.clone(),
+            Store::in_memory(0)?,
+            ObjectConfig::default(),
+            Some(derive_seed(context.seed, "client", 9)),
+        )?;
+        for (peer, address) in client_ids.iter().zip(&addresses) {
+            node.add_peer(*address, *peer)?;
+        }
+        tokio::time::sleep(warmup.saturating_sub(clock())).await;
+        let mut rng = SmallRng::seed_from_u64(derive_seed(context.seed, "client", 10));
+        let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / reads_per_s as f64));
+        for key in 0..reads {
+            ticker.tick().await;
+            // Zold walks its remote list in its own order, unrelated to latency.
+            let mut candidates = client_ids.clone();
+            candidates.shuffle(&mut rng);
+            let service = service.clone();
+            let tally = client_tally.clone();
+            tokio::task::spawn_local(async move {
+                let started = clock();
+                let result = service
+                    .fetch_from(&candidates, &object_key(key), FetchMode::Full, config)
+                    .await;
+                let elapsed_ms = (clock() - started).as_secs_f64() * 1e3;
+                let mut tally = tally.borrow_mut();
+                tally.done += 1;
+                tally.fetch_ms.push((key, elapsed_ms));
+                if let Ok(result) = result {
+                    tally.requests += result.outcome.asked as u64;
+                    if result.outcome.reached(quorum) {
+                        tally.reached += 1;
+                    }
+                }
+            });
+        }
+        while client_tally.borrow().done < reads {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    });
+    for (index, name) in names.iter().enumerate() {
+        let mut link = spec;
+        link.latency = Duration::from_millis(latency_ms[index]);
+        lab.link_both("client", name, link)
+            .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+    }
+    let finished = lab
+        .run(run_for, progress)
+        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+    if !finished {
+        return Err(ScenarioError::failed(
+            case,
+            "the client did not finish its reads",
+        ));
+    }
+    let tally = tally.borrow();
+    // How far below its floor a read finished: the lab delivers on 1 ms ticks, so a read can come in
+    // a tick or two under the computed floor; more than that would mean the floor is wrong.
+    let floor_gap_ms_min = tally
+        .fetch_ms
+        .iter()
+        .map(|(key, ms)| ms - ideal_ms[*key as usize])
+        .fold(f64::INFINITY, f64::min);
+    let mut fetch: Vec<f64> = tally.fetch_ms.iter().map(|(_, ms)| *ms).collect();
+    fetch.sort_by(f64::total_cmp);
+    let mut ideal = ideal_ms;
+    ideal.sort_by(f64::total_cmp);
+    let mut metrics = BTreeMap::new();
+    metrics.insert(
+        "fetch_ms_p50".into(),
+        round_metric(percentile(&fetch, 0.50)),
+    );
+    metrics.insert(
+        "fetch_ms_p99".into(),
+        round_metric(percentile(&fetch, 0.99)),
+    );
+    metrics.insert(
+        "ideal_ms_p99".into(),
+        round_metric(percentile(&ideal, 0.99)),
+    );
+    metrics.insert(
+        "p99_over_ideal".into(),
+        round_metric(percentile(&fetch, 0.99) / percentile(&ideal, 0.99)),
+    );
+    metrics.insert("floor_gap_ms_min".into(), round_metric(floor_gap_ms_min));
+    metrics.insert(
+        "quorum_ratio".into(),
+        round_metric(tally.reached as f64 / reads as f64),
+    );
+    metrics.insert(
+        "requests_per_read".into(),
+        round_metric(tally.requests as f64 / reads as f64),
+    );
+    Ok(metrics)
+}
