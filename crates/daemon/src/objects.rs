@@ -248,14 +248,15 @@ impl ObjectService {
                 metrics.requests_per_read.clone(),
             );
         });
-        let fetch = service.clone();
+        // The handlers live in the node; a weak reference keeps them from keeping the node alive.
+        let weak = Arc::downgrade(&service.inner);
         node.handle(FETCH, move |_, body| {
-            let result = fetch.serve_fetch(&body);
+            let result = upgrade(&weak).and_then(|service| service.serve_fetch(&body));
             async move { result }
         });
-        let store = service.clone();
+        let weak = Arc::downgrade(&service.inner);
         node.handle(STORE, move |_, body| {
-            let result = store.serve_store(body);
+            let result = upgrade(&weak).and_then(|service| service.serve_store(body));
             async move { result }
         });
         Ok(service)
@@ -715,6 +716,12 @@ fn encode_fetched(mode: FetchMode, held: Option<&StoredObject>) -> Bytes {
         out.extend_from_slice(&object.content);
     }
     Bytes::from(out)
+}
+
+fn upgrade(weak: &std::sync::Weak<Inner>) -> Result<ObjectService, HandlerError> {
+    weak.upgrade()
+        .map(|inner| ObjectService { inner })
+        .ok_or_else(|| HandlerError("the object service has stopped".into()))
 }
 
 fn handler_error(error: impl std::fmt::Display) -> HandlerError {
