@@ -9,6 +9,7 @@
 
 pub mod calibration;
 pub mod fanout;
+pub mod gossip;
 pub mod lab;
 pub mod link;
 pub mod scale;
@@ -50,6 +51,9 @@ pub fn run_scenario(
                 ("calibration", "meshwire") => calibration::run_case(case, seed, mode, &mut tick)?,
                 ("fanout", policy) if mode == Mode::Virtual => {
                     fanout::run_case(case, seed, policy, &mut tick)?
+                }
+                ("gossip", policy) if mode == Mode::Virtual => {
+                    gossip::run_case(case, seed, policy, &mut tick)?
                 }
                 ("scale", "meshwire") if mode == Mode::Virtual => {
                     scale::run_case(case, seed, &mut tick)?

@@ -25,12 +25,16 @@ pub struct ReadmeDoctests;
 
 mod config;
 mod framing;
+pub mod gossip;
 mod identity;
 mod metrics;
 mod node;
 pub mod tls;
 
 pub use config::{ConfigError, Congestion, NodeConfig, QueueLimits, TransportSettings};
+pub use gossip::{
+    Delivered, GossipService, GossipServiceError, GossipSettings, GossipValidator, GOSSIP_PROTOCOL,
+};
 pub use identity::{IdentityError, Keypair, IDENTITY_FILE};
 pub use meshwire_proto::backoff::Backoff;
 pub use meshwire_proto::wire::{Limits, ProtocolId};

@@ -1,0 +1,416 @@
+//! Gossip under an Internet Computer subnet's load: ingress at random nodes, blocks and shares every round.
+//!
+//! `nodes` hosts in a full mesh run [`meshwire::GossipService`] with one of three policies:
+//!
+//! * `flood`: every class relayed by every receiver, advertised only (the IC before, `seeds/003`);
+//! * `ic-origin`: ingress advertised by its origin only, consensus artifacts relayed by all;
+//! * `meshwire`: as `ic-origin`, and artifacts of at most `push_whole_max_bytes` (ingress, shares)
+//!   are pushed whole instead of advertised.
+//!
+//! Workload: ingress enters at `ingress_per_s` in total, each node publishing its share on a fixed
+//! interval with a random phase; an ingress is `ingress_bytes` long and carries its entry time.
+//! From `warmup_ms` on, a round starts every `1000 / blocks_per_s` ms: the round's block maker
+//! (node `round mod nodes`) publishes a block that references (by id) every ingress it holds that
+//! no block it knows has included yet, and every node publishes `shares_per_round` shares of
+//! `share_bytes`. A node that receives a block stops offering the ingress in it.
+//!
+//! Metrics, over the window from round 1 to round `rounds + 1` (blocks 2..=`rounds + 1`):
+//! `adverts_per_node_per_s` (adverts received, all classes, mean over nodes), `bytes_per_node_per_s`
+//! (gossip item bytes sent), `ingress_latency_ms_p50`/`_p99` (entry to the block maker holding it,
+//! over ingress included in measured blocks), `achieved_rps` (ingress included in measured blocks
+//! per second of their rounds), `consensus_delivery_ratio` (share of measured blocks and shares
+//! held by every node `drain_ms` after the last round).
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use meshwire::proto::gossip::{ArtifactId, ClassId, ClassPolicy, ClassStats, GossipConfig, Relay};
+use meshwire::{GossipService, GossipSettings};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::lab::{clock, derive_seed, Lab};
+use crate::scenario::{round_metric, CaseFile, ScenarioError};
+
+const INGRESS: ClassId = ClassId(1);
+const BLOCK: ClassId = ClassId(2);
+const SHARE: ClassId = ClassId(3);
+
+/// The workload's parameters.
+#[derive(Debug, Clone, Copy)]
+struct Workload {
+    nodes: usize,
+    ingress_per_s: u64,
+    ingress_bytes: usize,
+    round: Duration,
+    rounds: u64,
+    shares_per_round: u64,
+    share_bytes: usize,
+    warmup: Duration,
+    drain: Duration,
+}
+
+impl Workload {
+    fn round_start(&self, round: u64) -> Duration {
+        self.warmup + self.round * round as u32
+    }
+
+    /// The measured window runs from round 1 to round `rounds + 1`: blocks 2..=rounds+1 are
+    /// measured, so ingress still in flight is counted the same way at both ends.
+    fn window_start(&self) -> Duration {
+        self.round_start(1)
+    }
+
+    fn window_end(&self) -> Duration {
+        self.round_start(self.rounds + 1)
+    }
+
+    fn measured(&self, round: u64) -> bool {
+        (2..=self.rounds + 1).contains(&round)
+    }
+}
+
+/// The class policies of `policy`.
+fn gossip_config(policy: &str, flush: Duration, push_max: u32) -> Option<GossipConfig> {
+    let (ingress_relay, push) = match policy {
+        "flood" => (Relay::All, 0),
+        "ic-origin" => (Relay::Origin, 0),
+        "meshwire" => (Relay::Origin, push_max),
+        _ => return None,
+    };
+    let class = |relay, push_whole_max_bytes, expiry_s| ClassPolicy {
+        relay,
+        push_whole_max_bytes,
+        latency_sensitive: false,
+        expiry: Duration::from_secs(expiry_s),
+    };
+    let mut config = GossipConfig {
+        flush_interval: flush,
+        ..GossipConfig::default()
+    };
+    config
+        .classes
+        .insert(INGRESS, class(ingress_relay, push, 10));
+    config.classes.insert(BLOCK, class(Relay::All, push, 30));
+    config.classes.insert(SHARE, class(Relay::All, push, 30));
+    Some(config)
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    /// Blocks and shares of measured rounds: how many nodes hold each.
+    consensus: HashMap<ArtifactId, usize>,
+    latency_ms: Vec<f64>,
+    included: u64,
+    stats_at_start: BTreeMap<usize, BTreeMap<ClassId, ClassStats>>,
+    stats_at_end: BTreeMap<usize, BTreeMap<ClassId, ClassStats>>,
+}
+
+/// What one node knows: ingress it holds (entry time, when it got it) and ingress already included.
+#[derive(Debug, Default)]
+struct NodeView {
+    ingress: HashMap<ArtifactId, (Duration, Duration)>,
+    included: HashSet<ArtifactId>,
+}
+
+fn ingress_payload(entry: Duration, node: usize, seq: u64, len: usize) -> Bytes {
+    let mut out = BytesMut::with_capacity(len.max(18));
+    out.put_u64_le(entry.as_micros() as u64);
+    out.put_u16_le(node as u16);
+    out.put_u64_le(seq);
+    out.resize(len.max(18), 0xab);
+    out.freeze()
+}
+
+fn entry_time(payload: &[u8]) -> Option<Duration> {
+    let bytes: [u8; 8] = payload.get(..8)?.try_into().ok()?;
+    Some(Duration::from_micros(u64::from_le_bytes(bytes)))
+}
+
+fn block_ids(payload: &Bytes) -> impl Iterator<Item = ArtifactId> + '_ {
+    payload
+        .get(8..)
+        .unwrap_or_default()
+        .chunks_exact(32)
+        .map(|chunk| {
+            let mut id = [0u8; 32];
+            id.copy_from_slice(chunk);
+            ArtifactId(id)
+        })
+}
+
+/// Runs one gossip case under `policy`.
+pub fn run_case(
+    case: &CaseFile,
+    seed: u64,
+    policy: &str,
+    progress: &mut dyn FnMut(Duration),
+) -> Result<BTreeMap<String, f64>, ScenarioError> {
+    let blocks_per_s_milli = case.param_u64("blocks_per_s_milli", 350)?;
+    let workload = Workload {
+        nodes: case.param_u64("nodes", 56)? as usize,
+        ingress_per_s: case.param_u64("ingress_per_s", 300)?,
+        ingress_bytes: case.param_u64("ingress_bytes", 1024)? as usize,
+        round: Duration::from_secs_f64(1000.0 / blocks_per_s_milli.max(1) as f64),
+        rounds: case.param_u64("rounds", 5)?,
+        shares_per_round: case.param_u64("shares_per_round", 3)?,
+        share_bytes: case.param_u64("share_bytes", 256)? as usize,
+        warmup: Duration::from_millis(case.param_u64("warmup_ms", 3000)?),
+        drain: Duration::from_millis(case.param_u64("drain_ms", 2000)?),
+    };
+    let flush = Duration::from_millis(case.param_u64("flush_ms", 20)?);
+    let push_max = case.param_u64("push_whole_max_bytes", 1024)? as u32;
+    let config = gossip_config(policy, flush, push_max)
+        .ok_or_else(|| ScenarioError::failed(case, format!("unknown policy {policy:?}")))?;
+    if workload.nodes < 2 || workload.ingress_per_s == 0 || workload.rounds == 0 {
+        return Err(ScenarioError::failed(
+            case,
+            "needs at least 2 nodes, some ingress and at least one round",
+        ));
+    }
+    let spec = case
+        .link
+        .spec()
+        .map_err(|reason| ScenarioError::failed(case, reason))?;
+    let end = workload.window_end() + workload.drain;
+    let mut lab = Lab::new(seed, spec, end + Duration::from_secs(1));
+    let names: Vec<String> = (0..workload.nodes).map(|i| format!("n{i:03}")).collect();
+    let ids: Vec<_> = names.iter().map(|name| lab.peer_id(name)).collect();
+    let tally: Rc<RefCell<Tally>> = Rc::default();
+    let directory: Rc<RefCell<Vec<std::net::SocketAddr>>> = Rc::default();
+    for (index, name) in names.iter().enumerate() {
+        let (tally, directory, ids, config) = (
+            tally.clone(),
+            directory.clone(),
+            ids.clone(),
+            config.clone(),
+        );
+        lab.host(name, move |context| {
+            let (tally, directory, ids, config) = (
+                tally.clone(),
+                directory.clone(),
+                ids.clone(),
+                config.clone(),
+            );
+            async move {
+                let (node, _) = context.start_node(context.node_config()).await?;
+                let settings = GossipSettings {
+                    delivered_queue: 16 * 1024,
+                    ..GossipSettings::new(config)
+                };
+                let (gossip, mut delivered) =
+                    GossipService::spawn(&node, settings, Box::new(|_, _| true))?;
+                let addresses = directory.borrow().clone();
+                for (peer, address) in ids.iter().zip(&addresses).take(index) {
+                    node.add_peer(*address, *peer)?;
+                }
+                let view: Rc<RefCell<NodeView>> = Rc::default();
+                let rng = SmallRng::seed_from_u64(derive_seed(context.seed, &context.name, 9));
+                tokio::task::spawn_local(publish_ingress(
+                    gossip.clone(),
+                    view.clone(),
+                    workload,
+                    index,
+                    rng,
+                ));
+                tokio::task::spawn_local(run_rounds(
+                    gossip.clone(),
+                    view.clone(),
+                    tally.clone(),
+                    workload,
+                    index,
+                ));
+                while let Some(artifact) = delivered.recv().await {
+                    let now = clock();
+                    match artifact.class {
+                        INGRESS => {
+                            let mut view = view.borrow_mut();
+                            if !view.included.contains(&artifact.id) {
+                                if let Some(entry) = entry_time(&artifact.payload) {
+                                    view.ingress.insert(artifact.id, (entry, now));
+                                }
+                            }
+                        }
+                        class => {
+                            if class == BLOCK {
+                                let mut view = view.borrow_mut();
+                                for id in block_ids(&artifact.payload) {
+                                    view.ingress.remove(&id);
+                                    view.included.insert(id);
+                                }
+                            }
+                            if let Some(count) = tally.borrow_mut().consensus.get_mut(&artifact.id)
+                            {
+                                *count += 1;
+                            }
+                        }
+                    }
+                }
+                Ok(())
+            }
+        });
+    }
+    *directory.borrow_mut() = names
+        .iter()
+        .map(|name| lab.node_address(name))
+        .collect::<Result<_, _>>()
+        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+    lab.run(end, progress)
+        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+    let tally = tally.borrow();
+    Ok(metrics(&tally, &workload))
+}
+
+/// Publishes this node's share of the ingress, from the warm-up's end to the run's end.
+async fn publish_ingress(
+    gossip: GossipService,
+    view: Rc<RefCell<NodeView>>,
+    workload: Workload,
+    index: usize,
+    mut rng: SmallRng,
+) {
+    let interval = Duration::from_secs_f64(workload.nodes as f64 / workload.ingress_per_s as f64);
+    let phase = interval.mul_f64(rng.random::<f64>());
+    tokio::time::sleep(workload.warmup.saturating_sub(clock()) + phase).await;
+    let mut ticker = tokio::time::interval(interval);
+    let mut seq = 0u64;
+    loop {
+        ticker.tick().await;
+        let now = clock();
+        let payload = ingress_payload(now, index, seq, workload.ingress_bytes);
+        seq += 1;
+        match gossip.publish(INGRESS, payload) {
+            Ok(id) => {
+                view.borrow_mut().ingress.insert(id, (now, now));
+            }
+            Err(error) => tracing::debug!(%error, "ingress refused"),
+        }
+    }
+}
+
+/// Plays the consensus rounds: block making on this node's turns, shares every round.
+async fn run_rounds(
+    gossip: GossipService,
+    view: Rc<RefCell<NodeView>>,
+    tally: Rc<RefCell<Tally>>,
+    workload: Workload,
+    index: usize,
+) {
+    for round in 1..=workload.rounds + 1 {
+        tokio::time::sleep(workload.round_start(round).saturating_sub(clock())).await;
+        if round == 1 {
+            tally
+                .borrow_mut()
+                .stats_at_start
+                .insert(index, gossip.stats());
+        }
+        let measured = workload.measured(round);
+        let mut published = Vec::new();
+        if round as usize % workload.nodes == index {
+            let mut view = view.borrow_mut();
+            let mut candidates: Vec<(ArtifactId, Duration, Duration)> = view
+                .ingress
+                .iter()
+                .filter(|(id, _)| !view.included.contains(*id))
+                .map(|(id, (entry, held))| (*id, *entry, *held))
+                .collect();
+            candidates.sort_by_key(|(id, entry, _)| (*entry, *id));
+            let mut block = BytesMut::with_capacity(8 + 32 * candidates.len());
+            block.put_u64_le(round);
+            let mut tally = tally.borrow_mut();
+            for (id, entry, held) in &candidates {
+                block.put_slice(&id.0);
+                if measured {
+                    tally
+                        .latency_ms
+                        .push(held.saturating_sub(*entry).as_secs_f64() * 1e3);
+                }
+                view.included.insert(*id);
+                view.ingress.remove(id);
+            }
+            if measured {
+                tally.included += candidates.len() as u64;
+            }
+            drop(tally);
+            published.extend(gossip.publish(BLOCK, block.freeze()).ok());
+        }
+        for share in 0..workload.shares_per_round {
+            let mut payload = BytesMut::with_capacity(workload.share_bytes.max(24));
+            payload.put_u64_le(round);
+            payload.put_u64_le(index as u64);
+            payload.put_u64_le(share);
+            payload.resize(workload.share_bytes.max(24), 0x5a);
+            published.extend(gossip.publish(SHARE, payload.freeze()).ok());
+        }
+        if measured {
+            let mut tally = tally.borrow_mut();
+            for id in published {
+                tally.consensus.insert(id, 1);
+            }
+        }
+    }
+    tally
+        .borrow_mut()
+        .stats_at_end
+        .insert(index, gossip.stats());
+}
+
+fn percentile(sorted: &[f64], quantile: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * quantile).round() as usize]
+}
+
+fn metrics(tally: &Tally, workload: &Workload) -> BTreeMap<String, f64> {
+    let window_s = (workload.window_end() - workload.window_start()).as_secs_f64();
+    let mut adverts = 0u64;
+    let mut bytes = 0u64;
+    for (node, end) in &tally.stats_at_end {
+        let start = tally.stats_at_start.get(node).cloned().unwrap_or_default();
+        for (class, stats) in end {
+            let before = start.get(class).copied().unwrap_or_default();
+            adverts += stats.adverts_received - before.adverts_received;
+            bytes += stats.bytes_sent - before.bytes_sent;
+        }
+    }
+    let nodes = workload.nodes as f64;
+    let mut latencies = tally.latency_ms.clone();
+    latencies.sort_by(f64::total_cmp);
+    let complete = tally
+        .consensus
+        .values()
+        .filter(|count| **count >= workload.nodes)
+        .count();
+    let mut metrics = BTreeMap::new();
+    metrics.insert("nodes".into(), nodes);
+    metrics.insert(
+        "adverts_per_node_per_s".into(),
+        round_metric(adverts as f64 / nodes / window_s),
+    );
+    metrics.insert(
+        "bytes_per_node_per_s".into(),
+        round_metric(bytes as f64 / nodes / window_s),
+    );
+    metrics.insert(
+        "ingress_latency_ms_p50".into(),
+        round_metric(percentile(&latencies, 0.5)),
+    );
+    metrics.insert(
+        "ingress_latency_ms_p99".into(),
+        round_metric(percentile(&latencies, 0.99)),
+    );
+    metrics.insert(
+        "achieved_rps".into(),
+        round_metric(tally.included as f64 / window_s),
+    );
+    metrics.insert(
+        "consensus_delivery_ratio".into(),
+        round_metric(complete as f64 / tally.consensus.len().max(1) as f64),
+    );
+    metrics.insert("nodes_reporting".into(), tally.stats_at_end.len() as f64);
+    metrics
+}

@@ -1,0 +1,502 @@
+//! Gossip state machine tests: small in-memory networks stepped in simulated time.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use proptest::prelude::*;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+const INGRESS: ClassId = ClassId(1);
+const BLOCK: ClassId = ClassId(2);
+const SHARE: ClassId = ClassId(3);
+
+type Check = Box<dyn FnMut(ClassId, &Bytes) -> bool>;
+type DropRule = Box<dyn FnMut(usize, usize, &Bytes) -> bool>;
+
+fn config() -> GossipConfig {
+    let expiry = Duration::from_secs(30);
+    let mut config = GossipConfig::default();
+    config
+        .classes
+        .insert(INGRESS, ClassPolicy::advertise(Relay::Origin, expiry));
+    config
+        .classes
+        .insert(BLOCK, ClassPolicy::advertise(Relay::All, expiry));
+    config.classes.insert(
+        SHARE,
+        ClassPolicy {
+            relay: Relay::All,
+            push_whole_max_bytes: 1024,
+            latency_sensitive: false,
+            expiry,
+        },
+    );
+    config
+}
+
+fn peer(index: usize) -> PeerId {
+    PeerId::from_bytes([index as u8 + 1; 32])
+}
+
+fn accept_all() -> Check {
+    Box::new(|_, _| true)
+}
+
+/// Nodes joined by links of fixed latency; batches on a link may be dropped by `drop_batch`.
+struct Net {
+    nodes: Vec<Gossip<Check>>,
+    links: BTreeSet<(usize, usize)>,
+    now: Instant,
+    latency: Duration,
+    in_flight: VecDeque<(Instant, usize, usize, Bytes)>,
+    delivered: Vec<Vec<(ArtifactId, ClassId)>>,
+    drop_batch: DropRule,
+}
+
+impl Net {
+    fn new(validators: Vec<Check>, links: &[(usize, usize)]) -> Self {
+        let now = Instant::now();
+        let count = validators.len();
+        let mut nodes: Vec<_> = validators
+            .into_iter()
+            .map(|v| Gossip::new(config(), v))
+            .collect();
+        let mut set = BTreeSet::new();
+        for &(a, b) in links {
+            set.insert((a, b));
+            set.insert((b, a));
+            nodes[a].handle_peer_up(peer(b), now);
+            nodes[b].handle_peer_up(peer(a), now);
+        }
+        Self {
+            nodes,
+            links: set,
+            now,
+            latency: Duration::from_millis(20),
+            in_flight: VecDeque::new(),
+            delivered: vec![Vec::new(); count],
+            drop_batch: Box::new(|_, _, _| false),
+        }
+    }
+
+    fn full_mesh(count: usize) -> Self {
+        let mut links = Vec::new();
+        for a in 0..count {
+            for b in a + 1..count {
+                links.push((a, b));
+            }
+        }
+        Self::new((0..count).map(|_| accept_all()).collect(), &links)
+    }
+
+    fn index_of(peer_id: &PeerId) -> usize {
+        peer_id.as_bytes()[0] as usize - 1
+    }
+
+    fn drain(&mut self) {
+        for index in 0..self.nodes.len() {
+            while let Some(transmit) = self.nodes[index].poll_transmit() {
+                for to in transmit.peers {
+                    let to = Self::index_of(&to);
+                    assert!(self.links.contains(&(index, to)), "sent over no link");
+                    if !(self.drop_batch)(index, to, &transmit.batch) {
+                        let at = self.now + self.latency;
+                        self.in_flight
+                            .push_back((at, index, to, transmit.batch.clone()));
+                    }
+                }
+            }
+            while let Some(event) = self.nodes[index].poll_event() {
+                if let Event::Delivered { id, class, .. } = event {
+                    self.delivered[index].push((id, class));
+                }
+            }
+        }
+    }
+
+    /// Runs for `duration` of simulated time, in 1 ms steps.
+    fn run(&mut self, duration: Duration) {
+        let end = self.now + duration;
+        while self.now < end {
+            self.drain();
+            while self
+                .in_flight
+                .front()
+                .is_some_and(|(at, ..)| *at <= self.now)
+            {
+                let Some((_, from, to, batch)) = self.in_flight.pop_front() else {
+                    break;
+                };
+                self.nodes[to]
+                    .handle_batch(peer(from), &batch, self.now)
+                    .unwrap();
+            }
+            for node in &mut self.nodes {
+                if node.poll_timeout().is_some_and(|at| at <= self.now) {
+                    node.handle_timeout(self.now);
+                }
+            }
+            self.drain();
+            self.now += Duration::from_millis(1);
+        }
+    }
+
+    fn stats(&self, index: usize, class: ClassId) -> ClassStats {
+        self.nodes[index]
+            .stats()
+            .get(&class)
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+fn payload(seed: u8, len: usize) -> Bytes {
+    (0..len).map(|i| seed.wrapping_add(i as u8)).collect()
+}
+
+#[test]
+fn ids_are_content_hashes_per_class() {
+    let a = ArtifactId::of(INGRESS, b"x");
+    assert_eq!(a, ArtifactId::of(INGRESS, b"x"));
+    assert_ne!(a, ArtifactId::of(BLOCK, b"x"));
+    assert_ne!(a, ArtifactId::of(INGRESS, b"y"));
+}
+
+#[test]
+fn all_artifacts_are_pulled_and_relayed_across_a_line() {
+    // 0 - 1 - 2: node 2 hears of the block only through node 1's relay.
+    let mut net = Net::new(
+        vec![accept_all(), accept_all(), accept_all()],
+        &[(0, 1), (1, 2)],
+    );
+    let id = net.nodes[0]
+        .publish(BLOCK, payload(1, 5000), net.now)
+        .unwrap();
+    net.run(Duration::from_millis(500));
+    assert!(net.nodes[1].has(&id) && net.nodes[2].has(&id));
+    assert_eq!(net.delivered[2], vec![(id, BLOCK)]);
+    assert_eq!(net.stats(1, BLOCK).pulls_received, 1);
+    assert_eq!(net.stats(1, BLOCK).adverts_sent, 2);
+    assert_eq!(net.stats(2, BLOCK).pulls_received, 1);
+}
+
+#[test]
+fn origin_artifacts_are_never_re_advertised_by_a_receiver() {
+    let mut net = Net::full_mesh(4);
+    let mut ids = Vec::new();
+    for seed in 0..10 {
+        ids.push(
+            net.nodes[0]
+                .publish(INGRESS, payload(seed, 1000), net.now)
+                .unwrap(),
+        );
+    }
+    net.run(Duration::from_millis(500));
+    for receiver in 1..4 {
+        for id in &ids {
+            assert!(net.nodes[receiver].has(id));
+        }
+        let stats = net.stats(receiver, INGRESS);
+        assert_eq!(stats.adverts_sent, 0, "node {receiver} re-advertised");
+        assert_eq!(stats.pushes_sent, 0, "node {receiver} re-pushed");
+        assert_eq!(stats.pulls_received, 10);
+    }
+    assert_eq!(net.stats(0, INGRESS).adverts_sent, 30);
+}
+
+#[test]
+fn small_artifacts_are_pushed_whole_without_adverts() {
+    let mut net = Net::full_mesh(3);
+    let id = net.nodes[0]
+        .publish(SHARE, payload(7, 200), net.now)
+        .unwrap();
+    net.run(Duration::from_millis(200));
+    for index in 1..3 {
+        assert!(net.nodes[index].has(&id));
+        let stats = net.stats(index, SHARE);
+        assert_eq!(stats.adverts_received, 0);
+        assert_eq!(stats.requests_sent, 0);
+    }
+    // Each receiver relays once to both its peers; one copy of each relay is a duplicate.
+    assert_eq!(net.stats(1, SHARE).pushes_sent, 2);
+    assert!(net.stats(0, SHARE).duplicates >= 2);
+}
+
+#[test]
+fn a_rejected_artifact_is_not_relayed_and_its_sender_is_counted() {
+    let reject: Check = Box::new(|_, _| false);
+    let mut net = Net::new(vec![accept_all(), reject, accept_all()], &[(0, 1), (1, 2)]);
+    let block = net.nodes[0]
+        .publish(BLOCK, payload(1, 5000), net.now)
+        .unwrap();
+    let share = net.nodes[0]
+        .publish(SHARE, payload(2, 100), net.now)
+        .unwrap();
+    net.run(Duration::from_millis(500));
+    assert!(!net.nodes[1].has(&block) && !net.nodes[1].has(&share));
+    assert!(!net.nodes[2].has(&block) && !net.nodes[2].has(&share));
+    assert_eq!(net.nodes[1].rejected_from(&peer(0)), 2);
+    for class in [BLOCK, SHARE] {
+        assert_eq!(net.stats(1, class).rejected, 1);
+        assert_eq!(net.stats(1, class).adverts_sent, 0);
+        assert_eq!(net.stats(1, class).pushes_sent, 0);
+        assert_eq!(net.stats(2, class), ClassStats::default());
+    }
+    // A second advert of the rejected block is a duplicate, not a second fetch.
+    net.nodes[0].handle_peer_down(peer(1), net.now);
+    net.nodes[0].handle_peer_up(peer(1), net.now);
+    net.run(Duration::from_millis(200));
+    assert_eq!(net.stats(1, BLOCK).requests_sent, 1);
+    assert!(net.stats(1, BLOCK).duplicates >= 1);
+}
+
+#[test]
+fn a_silent_advertiser_is_replaced_after_the_request_timeout() {
+    // Nodes 0 and 2 both hold the block; 0 never answers 1's requests.
+    let mut net = Net::new(
+        vec![accept_all(), accept_all(), accept_all()],
+        &[(0, 1), (1, 2), (0, 2)],
+    );
+    net.drop_batch = Box::new(|from, to, batch| {
+        let items = decode_batch(batch, &config().batch_limits()).unwrap();
+        from == 0 && to == 1 && items.iter().any(|i| matches!(i, Item::Artifact { .. }))
+    });
+    let block = net.nodes[0]
+        .publish(BLOCK, payload(3, 5000), net.now)
+        .unwrap();
+    net.run(Duration::from_millis(300));
+    assert!(net.nodes[2].has(&block));
+    assert!(!net.nodes[1].has(&block), "1 asked 0 first");
+    net.run(Duration::from_millis(1000));
+    assert!(net.nodes[1].has(&block), "1 fell back to 2");
+    assert_eq!(net.stats(1, BLOCK).requests_sent, 2);
+    assert_eq!(net.nodes[1].peer_budget_used(&peer(0)), Some((0, 0)));
+    assert_eq!(net.nodes[1].pending_len(), 0);
+}
+
+#[test]
+fn a_reconnected_peer_catches_up_on_all_artifacts() {
+    let mut net = Net::full_mesh(2);
+    net.nodes[0].handle_peer_down(peer(1), net.now);
+    net.nodes[1].handle_peer_down(peer(0), net.now);
+    let block = net.nodes[0]
+        .publish(BLOCK, payload(4, 3000), net.now)
+        .unwrap();
+    let ingress = net.nodes[0]
+        .publish(INGRESS, payload(5, 1000), net.now)
+        .unwrap();
+    net.run(Duration::from_millis(100));
+    assert!(!net.nodes[1].has(&block));
+    net.nodes[0].handle_peer_up(peer(1), net.now);
+    net.nodes[1].handle_peer_up(peer(0), net.now);
+    net.run(Duration::from_millis(200));
+    assert!(net.nodes[1].has(&block) && net.nodes[1].has(&ingress));
+}
+
+#[test]
+fn expiry_and_purge_remove_artifacts_and_late_adverts_are_duplicates() {
+    let mut net = Net::full_mesh(2);
+    let block = net.nodes[0]
+        .publish(BLOCK, payload(6, 3000), net.now)
+        .unwrap();
+    net.run(Duration::from_millis(200));
+    assert!(net.nodes[1].has(&block));
+    net.nodes[1].purge(block, net.now);
+    assert!(!net.nodes[1].has(&block));
+    assert_eq!(net.nodes[1].pool_len(), 0);
+    net.run(Duration::from_secs(31));
+    assert_eq!(net.nodes[0].pool_len(), 0, "expired");
+    // A late advert of an expired id is not fetched again while its tombstone lasts.
+    net.nodes[0]
+        .handle_batch(
+            peer(1),
+            &encode_batch(&[Item::Advert {
+                class: BLOCK,
+                id: block,
+                size: 3000,
+            }]),
+            net.now,
+        )
+        .unwrap();
+    assert_eq!(net.nodes[0].pending_len(), 0);
+}
+
+#[test]
+fn a_purge_from_an_advertiser_moves_the_request_on() {
+    let mut gossip = Gossip::new(config(), accept_all());
+    let now = Instant::now();
+    gossip.handle_peer_up(peer(1), now);
+    gossip.handle_peer_up(peer(2), now);
+    let id = ArtifactId([9; 32]);
+    let advert = encode_batch(&[Item::Advert {
+        class: BLOCK,
+        id,
+        size: 100,
+    }]);
+    gossip.handle_batch(peer(1), &advert, now).unwrap();
+    gossip.handle_batch(peer(2), &advert, now).unwrap();
+    gossip
+        .handle_batch(peer(1), &encode_batch(&[Item::Purge(id)]), now)
+        .unwrap();
+    assert_eq!(gossip.peer_budget_used(&peer(1)), Some((0, 0)));
+    assert_eq!(gossip.peer_budget_used(&peer(2)), Some((1, 100)));
+    gossip.handle_timeout(now + Duration::from_millis(50));
+    let requests: Vec<_> = std::iter::from_fn(|| gossip.poll_transmit())
+        .flat_map(|t| {
+            let items = decode_batch(&t.batch, &config().batch_limits()).unwrap();
+            t.peers.into_iter().map(move |p| (p, items.clone()))
+        })
+        .collect();
+    assert_eq!(
+        requests,
+        vec![
+            (peer(1), vec![Item::Request(id)]),
+            (peer(2), vec![Item::Request(id)])
+        ]
+    );
+}
+
+#[test]
+fn a_peer_flooding_a_million_adverts_stays_within_the_memory_bound() {
+    let mut config = config();
+    config.max_pending_per_peer = 1000;
+    config.max_pending_bytes_per_peer = 1 << 20;
+    config.max_tombstones = 1000;
+    let mut gossip = Gossip::new(config.clone(), accept_all());
+    let mut now = Instant::now();
+    let attacker = peer(1);
+    let honest = peer(2);
+    gossip.handle_peer_up(attacker, now);
+    gossip.handle_peer_up(honest, now);
+    let bound = config.memory_bound_bytes(2);
+    let mut rng = SmallRng::seed_from_u64(1);
+    let mut peak = 0;
+    for _ in 0..1000 {
+        let items: Vec<Item> = (0..1000)
+            .map(|_| Item::Advert {
+                class: BLOCK,
+                id: ArtifactId(rng.random()),
+                size: rng.random_range(1..4096),
+            })
+            .collect();
+        gossip
+            .handle_batch(attacker, &encode_batch(&items), now)
+            .unwrap();
+        now += Duration::from_millis(2);
+        gossip.handle_timeout(now);
+        while gossip.poll_transmit().is_some() {}
+        let (slots, bytes) = gossip.peer_budget_used(&attacker).unwrap();
+        assert!(slots <= config.max_pending_per_peer);
+        assert!(bytes <= config.max_pending_bytes_per_peer);
+        assert!(gossip.pending_len() <= config.max_pending_per_peer);
+        peak = peak.max(gossip.memory_bytes());
+    }
+    assert!(peak <= bound, "peak {peak} over bound {bound}");
+    let stats = gossip.stats()[&BLOCK];
+    assert_eq!(stats.adverts_received, 1_000_000);
+    assert!(stats.adverts_refused > 990_000, "{stats:?}");
+    // The honest peer's budget is untouched: its advert is still taken and requested.
+    let id = ArtifactId::of(BLOCK, b"honest");
+    let advert = encode_batch(&[Item::Advert {
+        class: BLOCK,
+        id,
+        size: 6,
+    }]);
+    gossip.handle_batch(honest, &advert, now).unwrap();
+    assert_eq!(gossip.peer_budget_used(&honest), Some((1, 6)));
+}
+
+#[test]
+fn local_calls_are_checked() {
+    let mut config = config();
+    config.max_pool_artifacts = 1;
+    config.max_artifact_bytes = 10;
+    let mut gossip = Gossip::new(config, accept_all());
+    let now = Instant::now();
+    assert_eq!(
+        gossip.publish(ClassId(99), Bytes::new(), now),
+        Err(GossipError::UnknownClass(ClassId(99)))
+    );
+    assert_eq!(
+        gossip.publish(BLOCK, payload(0, 11), now),
+        Err(GossipError::TooLarge { len: 11, max: 10 })
+    );
+    let id = gossip.publish(BLOCK, payload(0, 5), now).unwrap();
+    assert_eq!(gossip.publish(BLOCK, payload(0, 5), now), Ok(id));
+    assert_eq!(
+        gossip.publish(BLOCK, payload(1, 5), now),
+        Err(GossipError::PoolFull)
+    );
+    assert!(matches!(
+        gossip.handle_batch(peer(1), &Bytes::from_static(&[7]), now),
+        Err(GossipError::Codec(CodecError::UnsupportedVersion(7)))
+    ));
+}
+
+fn arb_item() -> impl Strategy<Value = Item> {
+    // Few ids and classes, so adverts, requests and artifacts collide with each other.
+    let id = (0u8..8).prop_map(|b| ArtifactId([b; 32]));
+    prop_oneof![
+        (0u8..5, id.clone(), 0u32..5000).prop_map(|(c, id, size)| Item::Advert {
+            class: ClassId(c),
+            id,
+            size
+        }),
+        id.clone().prop_map(Item::Request),
+        (0u8..5, 0u8..8).prop_map(|(c, p)| Item::Artifact {
+            class: ClassId(c),
+            payload: payload(p, 64),
+        }),
+        id.prop_map(Item::Purge),
+    ]
+}
+
+proptest! {
+    /// Whatever peers send, in any order, budgets stay within limits and are fully released once
+    /// everything pending has timed out.
+    #[test]
+    fn budgets_hold_for_any_peer_input(
+        steps in proptest::collection::vec((0usize..3, proptest::collection::vec(arb_item(), 0..12), 0u64..400), 1..60)
+    ) {
+        let mut config = config();
+        config.max_pending_per_peer = 4;
+        config.max_pending_bytes_per_peer = 8000;
+        config.max_advertisers = 2;
+        let mut gossip = Gossip::new(config.clone(), |_: ClassId, p: &Bytes| p[0] % 2 == 0);
+        let mut now = Instant::now();
+        for index in 0..3 {
+            gossip.handle_peer_up(peer(index), now);
+        }
+        let mut delivered = BTreeMap::new();
+        for (from, items, advance_ms) in steps {
+            gossip.handle_batch(peer(from), &encode_batch(&items), now).unwrap();
+            now += Duration::from_millis(advance_ms);
+            gossip.handle_timeout(now);
+            while gossip.poll_transmit().is_some() {}
+            while let Some(event) = gossip.poll_event() {
+                if let Event::Delivered { id, payload, .. } = event {
+                    prop_assert_eq!(payload[0] % 2, 0, "a rejected payload was delivered");
+                    prop_assert!(delivered.insert(id, ()).is_none(), "delivered twice");
+                }
+            }
+            for index in 0..3 {
+                let (slots, bytes) = gossip.peer_budget_used(&peer(index)).unwrap();
+                prop_assert!(slots <= config.max_pending_per_peer);
+                prop_assert!(bytes <= config.max_pending_bytes_per_peer);
+            }
+            prop_assert!(gossip.memory_bytes() <= config.memory_bound_bytes(3));
+        }
+        // Every pending request times out after at most max_advertisers timeouts.
+        now += config.request_timeout * (config.max_advertisers as u32 + 1);
+        gossip.handle_timeout(now);
+        gossip.handle_timeout(now + config.request_timeout * 3);
+        prop_assert_eq!(gossip.pending_len(), 0);
+        for index in 0..3 {
+            prop_assert_eq!(gossip.peer_budget_used(&peer(index)), Some((0, 0)));
+        }
+    }
+}
