@@ -376,11 +376,15 @@ impl Driver {
                     let Some(message) = message else { return };
                     let from = message.from;
                     let payload = message.payload;
+                    let mut malformed = None;
                     self.step(|machine, now| {
-                        if let Err(error) = machine.handle_batch(from, &payload, now) {
-                            tracing::debug!(peer = %from.short(), %error, "malformed gossip batch dropped");
-                        }
+                        malformed = machine.handle_batch(from, &payload, now).err();
                     }).await;
+                    if let Some(error) = malformed {
+                        // What a peer sends must decode: a malformed batch ends its connection.
+                        tracing::debug!(peer = %from.short(), %error, "malformed gossip batch; closing the connection");
+                        self.node.close_for_violation(from, "malformed_gossip");
+                    }
                 }
                 event = events.recv() => match event {
                     Ok(ConnectionEvent::Connected { peer, .. }) => {

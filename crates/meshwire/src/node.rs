@@ -706,6 +706,19 @@ impl Node {
         result
     }
 
+    /// Closes the connection to `peer` because it sent something a service above the node could
+    /// not accept (a malformed payload of a well-formed frame). The connection closes with
+    /// [`CLOSE_PROTOCOL_VIOLATION`] and `reason`, `meshwire_frame_errors_total{reason}` counts it,
+    /// and a configured peer is redialed with backoff as after any loss. Returns whether a live
+    /// connection was closed.
+    pub fn close_for_violation(&self, peer: PeerId, reason: &'static str) -> bool {
+        let Some((connection, _)) = self.inner.current(peer) else {
+            return false;
+        };
+        self.inner.protocol_violation(&connection, peer, reason);
+        true
+    }
+
     /// Closes every connection, stops every task and waits (at most a second) for peers to
     /// acknowledge the close.
     pub async fn close(&self) {

@@ -129,3 +129,28 @@ async fn a_rejected_artifact_is_not_relayed_over_the_network() {
     assert!(inboxes[2].try_recv().is_err());
     assert_eq!(services[1].stats()[&BLOCK].adverts_sent, 0);
 }
+
+#[tokio::test]
+async fn a_malformed_gossip_batch_closes_the_senders_connection() {
+    let (nodes, _services, _inboxes) = line(vec![accept(), accept()]).await;
+    let mut events = nodes[1].events();
+    nodes[0]
+        .send(
+            nodes[1].peer_id(),
+            meshwire::GOSSIP_PROTOCOL,
+            Bytes::from_static(b"\xffnot a gossip batch"),
+        )
+        .await
+        .unwrap();
+    let closed = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Ok(meshwire::ConnectionEvent::Disconnected { peer, .. }) = events.recv().await {
+                break peer;
+            }
+        }
+    })
+    .await
+    .expect("the connection stayed open");
+    assert_eq!(closed, nodes[0].peer_id());
+    assert_eq!(nodes[1].metrics().frame_error_count("malformed_gossip"), 1);
+}
