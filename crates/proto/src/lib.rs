@@ -1,10 +1,12 @@
-//! Run meshwire's protocols as pure state machines: wire codec, identities and reconnect policy.
+//! Run meshwire's protocols as pure state machines: wire and batch codecs, pipeline windows,
+//! identities and reconnect policy.
 //!
 //! Nothing in this crate touches a socket, reads a clock or draws from a global random number
 //! generator. Time arrives as `now` arguments and randomness as an injected [`rand::RngCore`], so the
 //! same code is driven by the async driver in `meshwire`, by unit tests and by the lab in virtual time.
 
 pub mod backoff;
+pub mod batch;
 pub mod peer_id;
 pub mod wire;
 
