@@ -8,6 +8,7 @@
 pub mod backoff;
 pub mod batch;
 pub mod peer_id;
+pub mod pipeline;
 pub mod wire;
 
 pub use peer_id::PeerId;
