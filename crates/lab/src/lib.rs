@@ -14,6 +14,7 @@ pub mod link;
 pub mod scale;
 pub mod scenario;
 pub mod socket;
+pub mod xx_team;
 
 use std::time::Duration;
 
@@ -49,6 +50,9 @@ pub fn run_scenario(
                 ("calibration", "meshwire") => calibration::run_case(case, seed, mode, &mut tick)?,
                 ("fanout", policy) if mode == Mode::Virtual => {
                     fanout::run_case(case, seed, policy, &mut tick)?
+                }
+                ("xx-team", policy) if mode == Mode::Virtual => {
+                    xx_team::run_case(case, seed, policy, &mut tick)?
                 }
                 ("scale", "meshwire") if mode == Mode::Virtual => {
                     scale::run_case(case, seed, &mut tick)?

@@ -28,6 +28,7 @@ mod framing;
 mod identity;
 mod metrics;
 mod node;
+pub mod pipeline;
 pub mod tls;
 
 pub use config::{ConfigError, Congestion, NodeConfig, QueueLimits, TransportSettings};
