@@ -254,7 +254,11 @@ pub fn run_case(
         compute_per_batch: Duration::from_millis(case.param_u64("compute_ms", 0)?),
         batch_deadline: Duration::from_secs(case.param_u64("batch_deadline_s", 30)?),
         ping_interval: Duration::from_millis(case.param_u64("ping_interval_ms", 500)?),
-        tune: |_| {},
+        tune: if case.param_u64("bbr", 0)? == 1 {
+            |config| config.transport.congestion = meshwire::Congestion::Bbr
+        } else {
+            |_| {}
+        },
     };
     let spec = case
         .link
