@@ -9,6 +9,8 @@
 
 pub mod calibration;
 pub mod fanout;
+#[cfg(feature = "baselines")]
+pub mod grpc_team;
 pub mod lab;
 pub mod link;
 pub mod scale;

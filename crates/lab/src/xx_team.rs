@@ -217,7 +217,48 @@ pub fn team_batch(round: u64, slots: u32, payload_bytes: usize) -> BatchInput {
     }
 }
 
-fn percentile(sorted: &[f64], quantile: f64) -> f64 {
+/// The workload of an xx-team case, shared by every policy.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload {
+    /// Nodes in the ring, the first included.
+    pub nodes: usize,
+    /// Payloads per batch.
+    pub slots: u32,
+    /// Bytes per payload.
+    pub payload_bytes: usize,
+    /// Batches sent round the ring.
+    pub batches: u64,
+    /// Hop-transfer samples after the warm-up batch.
+    pub hop_samples: usize,
+    /// Each node's compute per batch.
+    pub compute_per_batch: Duration,
+    /// How long a batch may take round the ring.
+    pub batch_deadline: Duration,
+}
+
+impl Workload {
+    /// The case's parameters (defaults: the xx network's team of five, 1000 x 500 B payloads).
+    pub fn from_case(case: &CaseFile) -> Result<Self, ScenarioError> {
+        let workload = Self {
+            nodes: case.param_u64("nodes", 5)? as usize,
+            slots: case.param_u64("slots", 1000)? as u32,
+            payload_bytes: case.param_u64("payload_bytes", 500)? as usize,
+            batches: case.param_u64("batches", 20)?,
+            hop_samples: case.param_u64("hop_samples", 10)? as usize,
+            compute_per_batch: Duration::from_millis(case.param_u64("compute_ms", 0)?),
+            batch_deadline: Duration::from_secs(case.param_u64("batch_deadline_s", 30)?),
+        };
+        if workload.nodes < 2 || workload.slots == 0 || workload.batches == 0 {
+            return Err(ScenarioError::failed(
+                case,
+                "an xx-team ring needs at least 2 nodes, 1 slot and 1 batch",
+            ));
+        }
+        Ok(workload)
+    }
+}
+
+pub(crate) fn percentile(sorted: &[f64], quantile: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -225,7 +266,20 @@ fn percentile(sorted: &[f64], quantile: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
-/// Runs one xx-team case under `policy` (`meshwire` or `meshwire-pipelined`).
+fn unknown_policy(case: &CaseFile, policy: &str) -> ScenarioError {
+    let baselines = if cfg!(feature = "baselines") {
+        ", grpc-unary-64k, grpc-stream"
+    } else {
+        " (gRPC baselines need the `baselines` feature)"
+    };
+    ScenarioError::failed(
+        case,
+        format!("unknown policy {policy:?}; xx-team runs meshwire, meshwire-pipelined{baselines}"),
+    )
+}
+
+/// Runs one xx-team case under `policy`: `meshwire`, `meshwire-pipelined`, or (with the
+/// `baselines` feature) `grpc-unary-64k` or `grpc-stream`.
 pub fn run_case(
     case: &CaseFile,
     seed: u64,
@@ -236,23 +290,28 @@ pub fn run_case(
     let in_flight = match policy {
         "meshwire" => 1,
         "meshwire-pipelined" => pipelined_k,
-        other => {
-            return Err(ScenarioError::failed(
-                case,
-                format!("unknown policy {other:?}"),
-            ))
-        }
+        #[cfg(feature = "baselines")]
+        other => match crate::grpc_team::Baseline::from_policy(other) {
+            Some(baseline) => return crate::grpc_team::run_case(case, seed, baseline, progress),
+            None => return Err(unknown_policy(case, other)),
+        },
+        #[cfg(not(feature = "baselines"))]
+        other => return Err(unknown_policy(case, other)),
     };
-    let nodes = case.param_u64("nodes", 5)? as usize;
-    let slots = case.param_u64("slots", 1000)? as u32;
-    let payload_bytes = case.param_u64("payload_bytes", 500)? as usize;
-    let batches = case.param_u64("batches", 20)?;
-    let hop_samples = case.param_u64("hop_samples", 10)? as usize;
+    let Workload {
+        nodes,
+        slots,
+        payload_bytes,
+        batches,
+        hop_samples,
+        compute_per_batch,
+        batch_deadline,
+    } = Workload::from_case(case)?;
     let team = Team {
         nodes,
         in_flight,
-        compute_per_batch: Duration::from_millis(case.param_u64("compute_ms", 0)?),
-        batch_deadline: Duration::from_secs(case.param_u64("batch_deadline_s", 30)?),
+        compute_per_batch,
+        batch_deadline,
         ping_interval: Duration::from_millis(case.param_u64("ping_interval_ms", 500)?),
         tune: if case.param_u64("bbr", 0)? == 1 {
             |config| config.transport.congestion = meshwire::Congestion::Bbr
