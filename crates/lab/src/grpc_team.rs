@@ -613,7 +613,7 @@ async fn first_node(
     // Batches round the ring one at a time; each comes back with every byte plus N.
     let mut failed = 0u64;
     let started = clock();
-    for round in 0..workload.batches {
+    for round in 0..workload.baseline_batches {
         let chunks = batch_chunks(round, workload);
         let expected: Bytes = concat(&chunks)
             .iter()
@@ -668,7 +668,7 @@ async fn first_node(
     );
     metrics.insert(
         "batches_per_s".into(),
-        round_metric(workload.batches as f64 / elapsed),
+        round_metric(workload.baseline_batches as f64 / elapsed),
     );
     metrics.insert("batches_failed".into(), failed as f64);
     Ok(metrics)

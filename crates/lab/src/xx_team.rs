@@ -47,6 +47,8 @@ pub struct Team {
     pub batch_deadline: Duration,
     /// Ring ping interval.
     pub ping_interval: Duration,
+    /// Every node's initial congestion window (`None`: the standard start).
+    pub initial_window_bytes: Option<u64>,
     /// Adjusts every node's config (timeouts, backoff).
     pub tune: fn(&mut NodeConfig),
 }
@@ -126,6 +128,7 @@ impl Team {
         addresses: &Addresses,
     ) -> Result<(Node, Pipeline), Box<dyn std::error::Error>> {
         let mut config = context.node_config();
+        config.transport.initial_window_bytes = self.initial_window_bytes;
         (self.tune)(&mut config);
         let (node, _) = context.start_node(config).await?;
         let next = (index + 1) % self.nodes;
@@ -226,8 +229,11 @@ pub struct Workload {
     pub slots: u32,
     /// Bytes per payload.
     pub payload_bytes: usize,
-    /// Batches sent round the ring.
+    /// Batches sent round the ring by the meshwire policies.
     pub batches: u64,
+    /// Batches sent round the ring by the gRPC baselines. They send one batch at a time, so their
+    /// rate does not depend on the count, and fewer keep a run's wall time small.
+    pub baseline_batches: u64,
     /// Hop-transfer samples after the warm-up batch.
     pub hop_samples: usize,
     /// Each node's compute per batch.
@@ -244,11 +250,16 @@ impl Workload {
             slots: case.param_u64("slots", 1000)? as u32,
             payload_bytes: case.param_u64("payload_bytes", 500)? as usize,
             batches: case.param_u64("batches", 20)?,
+            baseline_batches: case.param_u64("baseline_batches", case.param_u64("batches", 20)?)?,
             hop_samples: case.param_u64("hop_samples", 10)? as usize,
             compute_per_batch: Duration::from_millis(case.param_u64("compute_ms", 0)?),
             batch_deadline: Duration::from_secs(case.param_u64("batch_deadline_s", 30)?),
         };
-        if workload.nodes < 2 || workload.slots == 0 || workload.batches == 0 {
+        if workload.nodes < 2
+            || workload.slots == 0
+            || workload.batches == 0
+            || workload.baseline_batches == 0
+        {
             return Err(ScenarioError::failed(
                 case,
                 "an xx-team ring needs at least 2 nodes, 1 slot and 1 batch",
@@ -306,6 +317,7 @@ pub fn run_case(
         hop_samples,
         compute_per_batch,
         batch_deadline,
+        ..
     } = Workload::from_case(case)?;
     let team = Team {
         nodes,
@@ -313,6 +325,10 @@ pub fn run_case(
         compute_per_batch,
         batch_deadline,
         ping_interval: Duration::from_millis(case.param_u64("ping_interval_ms", 500)?),
+        initial_window_bytes: match case.param_u64("initial_window_bytes", 0)? {
+            0 => None,
+            bytes => Some(bytes),
+        },
         tune: if case.param_u64("bbr", 0)? == 1 {
             |config| config.transport.congestion = meshwire::Congestion::Bbr
         } else {

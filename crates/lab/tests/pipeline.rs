@@ -21,6 +21,7 @@ fn team(in_flight: usize, tune: fn(&mut NodeConfig)) -> Team {
         compute_per_batch: Duration::from_millis(5),
         batch_deadline: Duration::from_secs(1),
         ping_interval: Duration::from_millis(100),
+        initial_window_bytes: None,
         tune,
     }
 }
