@@ -94,6 +94,7 @@ struct FileTransport {
     keep_alive_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
     congestion: Option<String>,
+    initial_window_kib: Option<u64>,
 }
 
 /// Settings resolved from file and flags.
@@ -179,6 +180,9 @@ impl Settings {
         if let Some(Ok(congestion)) = self.transport.congestion.as_deref().map(parse_congestion) {
             transport.congestion = congestion;
         }
+        if let Some(kib) = self.transport.initial_window_kib {
+            transport.initial_window_bytes = Some(kib.saturating_mul(1024));
+        }
     }
 }
 
@@ -261,7 +265,8 @@ mod tests {
             &path,
             format!(
                 "listen = \"127.0.0.1:7000\"\npeers = [\"{id}@127.0.0.1:7001\"]\n\
-                 allowlist = [\"{id}\"]\n[transport]\ncongestion = \"bbr\"\nmax_rtt_ms = 50\n"
+                 allowlist = [\"{id}\"]\n[transport]\ncongestion = \"bbr\"\nmax_rtt_ms = 50\n\
+                 initial_window_kib = 64\n"
             ),
         )
         .unwrap();
@@ -274,6 +279,7 @@ mod tests {
         settings.apply(&mut config);
         assert_eq!(config.transport.congestion, Congestion::Bbr);
         assert_eq!(config.transport.max_rtt, Duration::from_millis(50));
+        assert_eq!(config.transport.initial_window_bytes, Some(64 * 1024));
         assert!(config.allowlist.unwrap().contains(&id));
     }
 

@@ -191,6 +191,9 @@ impl Lab {
             .min_message_latency(Duration::ZERO)
             .max_message_latency(Duration::ZERO)
             .udp_capacity(1 << 16)
+            // turmoil TCP (the gRPC baselines) lets a socket have only this many writes in flight;
+            // its default of 64 would throttle a 0.5 MB batch below any real link.
+            .tcp_capacity(1 << 16)
             .rng_seed(seed)
             .build();
         Self::with_backend(

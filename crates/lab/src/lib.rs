@@ -10,11 +10,14 @@
 pub mod calibration;
 pub mod fanout;
 pub mod gossip;
+#[cfg(feature = "baselines")]
+pub mod grpc_team;
 pub mod lab;
 pub mod link;
 pub mod scale;
 pub mod scenario;
 pub mod socket;
+pub mod xx_team;
 pub mod zold;
 
 use std::time::Duration;
@@ -54,6 +57,9 @@ pub fn run_scenario(
                 }
                 ("gossip", policy) if mode == Mode::Virtual => {
                     gossip::run_case(case, seed, policy, &mut tick)?
+                }
+                ("xx-team", policy) if mode == Mode::Virtual => {
+                    xx_team::run_case(case, seed, policy, &mut tick)?
                 }
                 ("scale", "meshwire") if mode == Mode::Virtual => {
                     scale::run_case(case, seed, &mut tick)?

@@ -23,14 +23,26 @@ pub(crate) async fn read_frame(
     recv: &mut RecvStream,
     limits: &Limits,
 ) -> Result<Option<Frame>, ReadFrameError> {
+    read_frame_after(recv, &[], limits).await
+}
+
+/// Reads the next frame whose first `prefix.len()` bytes were already read (the node reads a
+/// stream's first two bytes to tell message streams from batch streams).
+pub(crate) async fn read_frame_after(
+    recv: &mut RecvStream,
+    prefix: &[u8],
+    limits: &Limits,
+) -> Result<Option<Frame>, ReadFrameError> {
     let mut head = [0u8; FRAME_HEADER_LEN];
-    match recv.read_exact(&mut head).await {
+    let start = prefix.len().min(FRAME_HEADER_LEN);
+    head[..start].copy_from_slice(&prefix[..start]);
+    match recv.read_exact(&mut head[start..]).await {
         Ok(()) => {}
-        Err(ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(ReadExactError::FinishedEarly(0)) if start == 0 => return Ok(None),
         Err(ReadExactError::FinishedEarly(actual)) => {
             return Err(WireError::Truncated {
                 expected: FRAME_HEADER_LEN,
-                actual,
+                actual: start + actual,
             }
             .into())
         }

@@ -29,6 +29,7 @@ pub mod gossip;
 mod identity;
 mod metrics;
 mod node;
+pub mod pipeline;
 pub mod tls;
 
 pub use config::{ConfigError, Congestion, NodeConfig, QueueLimits, TransportSettings};
@@ -37,11 +38,14 @@ pub use gossip::{
 };
 pub use identity::{IdentityError, Keypair, IDENTITY_FILE};
 pub use meshwire_proto::backoff::Backoff;
+pub use meshwire_proto::batch::{BatchHeader, BatchLimits, Chunk};
 pub use meshwire_proto::wire::{Limits, ProtocolId};
 pub use meshwire_proto::{self as proto, PeerId};
 pub use metrics::Metrics;
 pub use node::{
-    ConnectionEvent, DialError, Direction, HandlerError, InboundMessage, Node, NodeError,
-    PeerStatus, RequestError, SendError, SendManyReport, SubscribeError, CLOSE_DUPLICATE,
-    CLOSE_PROTOCOL_VIOLATION, CLOSE_SHUTDOWN,
+    split_into_chunks, BatchError, BatchSender, ConnectionEvent, DialError, Direction,
+    HandlerError, InboundBatch, InboundMessage, Node, NodeError, PeerStatus, RequestError,
+    SendError, SendManyReport, SubscribeError, CLOSE_DUPLICATE, CLOSE_PROTOCOL_VIOLATION,
+    CLOSE_SHUTDOWN, RESET_BATCH_ABANDONED, STOP_BATCH_DISCARDED, STOP_BATCH_MALFORMED,
+    STOP_BATCH_NO_SUBSCRIBER,
 };

@@ -48,9 +48,16 @@ use tokio::sync::{broadcast, mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::config::{ConfigError, NodeConfig};
-use crate::framing::{read_frame, wire_error_label, ReadFrameError};
+use crate::framing::{read_frame, read_frame_after, wire_error_label, ReadFrameError};
 use crate::metrics::Metrics;
 use crate::tls::{self, TlsError, TlsIdentity};
+
+mod batch;
+
+pub use batch::{
+    split_into_chunks, BatchError, BatchSender, InboundBatch, RESET_BATCH_ABANDONED,
+    STOP_BATCH_DISCARDED, STOP_BATCH_MALFORMED, STOP_BATCH_NO_SUBSCRIBER,
+};
 
 /// Connection close code: the node is shutting down.
 pub const CLOSE_SHUTDOWN: u32 = 0;
@@ -397,6 +404,7 @@ struct Inner {
     next_message_id: AtomicU64,
     shutdown: watch::Sender<bool>,
     rng: Mutex<SmallRng>,
+    batches: batch::BatchService,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -475,6 +483,7 @@ impl Node {
             None => SmallRng::from_os_rng(),
         };
         let (events, _) = broadcast::channel(1024);
+        let batches = batch::BatchService::new(&metrics);
         let inner = Arc::new(Inner {
             endpoint,
             local_id: config.keypair.peer_id(),
@@ -489,6 +498,7 @@ impl Node {
             next_message_id: AtomicU64::new(0),
             shutdown: watch::Sender::new(false),
             rng: Mutex::new(rng),
+            batches,
             config,
         });
         tokio::spawn(inner.clone().accept_loop());
@@ -1203,8 +1213,25 @@ impl Inner {
         remote: PeerId,
         mut recv: RecvStream,
     ) {
+        // A stream's first two bytes say what it carries: message frames or one batch.
+        let mut magic = [0u8; 2];
+        match recv.read_exact(&mut magic).await {
+            Ok(()) => {}
+            Err(quinn::ReadExactError::FinishedEarly(1)) => {
+                self.protocol_violation(&connection, remote, "truncated");
+                return;
+            }
+            Err(_) => return,
+        }
+        if magic == batch::BATCH_MAGIC {
+            self.accept_batch(remote, recv).await;
+            return;
+        }
+        let mut prefix: &[u8] = &magic;
         loop {
-            let frame = match read_frame(&mut recv, &self.config.limits).await {
+            let read = read_frame_after(&mut recv, prefix, &self.config.limits).await;
+            prefix = &[];
+            let frame = match read {
                 Ok(Some(frame)) => frame,
                 Ok(None) | Err(ReadFrameError::Stream(_)) => return,
                 Err(ReadFrameError::Wire(error)) => {

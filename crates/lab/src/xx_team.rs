@@ -1,0 +1,443 @@
+//! The xx network's team (`seeds/000`): a ring of nodes passing 4 Mbit batches, each node
+//! computing on every batch, one batch at a time or pipelined.
+//!
+//! Hosts `n0` (the first node, a client) to `n{N-1}` form a ring; every node configures its
+//! successor as a peer (so it redials with backoff after an outage) and runs a
+//! [`meshwire::pipeline::Pipeline`] whose transform models the node's work:
+//! - compute: before forwarding a batch's first chunk, the node holds its one "CPU" for
+//!   `compute_ms` (a batch-wide step, as a mix is); other batches wait for the CPU;
+//! - content: every byte is incremented by one, so after the ring each byte is `+N` and tests can
+//!   check every node worked on every chunk.
+//!
+//! A case measures, per policy (`meshwire`: K = 1; `meshwire-pipelined`: K = `pipelined_k`):
+//! - `hop_transfer_ms_p50` / `_p99`: `n0` sends plain batches to `n1` over the warm connection
+//!   (one warm-up batch first); first byte sent (just before the stream opens) to last byte
+//!   received (the receiver has the end record), on the lab's shared clock;
+//! - `ring_ping_ms`: the latest ring ping on the idle ring, before the batches start;
+//! - `batches_per_s`: `batches` batches through the pipeline, from the first submission to the
+//!   last result; `batches_failed` counts failures (0 expected).
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use meshwire::pipeline::{BatchInput, Pipeline, PipelineConfig, Transform};
+use meshwire::{BatchHeader, Chunk, Node, NodeConfig, PeerId, ProtocolId};
+
+use crate::lab::{clock, HostContext, Lab};
+use crate::scenario::{round_metric, CaseFile, ScenarioError};
+
+/// The batch protocol of the hop-transfer measurement.
+const HOP: ProtocolId = ProtocolId(50);
+
+/// How a lab ring is built.
+#[derive(Debug, Clone)]
+pub struct Team {
+    /// Nodes in the ring, the first included.
+    pub nodes: usize,
+    /// Batches in flight (K).
+    pub in_flight: usize,
+    /// Each node's compute per batch.
+    pub compute_per_batch: Duration,
+    /// How long a batch may take round the ring.
+    pub batch_deadline: Duration,
+    /// Ring ping interval.
+    pub ping_interval: Duration,
+    /// Every node's initial congestion window (`None`: the standard start).
+    pub initial_window_bytes: Option<u64>,
+    /// Adjusts every node's config (timeouts, backoff).
+    pub tune: fn(&mut NodeConfig),
+}
+
+impl Team {
+    /// Host names: `n0` (first) to `n{nodes-1}`.
+    pub fn names(&self) -> Vec<String> {
+        (0..self.nodes).map(|index| format!("n{index}")).collect()
+    }
+
+    fn pipeline_config(&self, ring: Vec<PeerId>) -> PipelineConfig {
+        let mut config = PipelineConfig::new(ring);
+        config.in_flight = self.in_flight;
+        config.batch_deadline = self.batch_deadline;
+        config.ping_interval = Some(self.ping_interval);
+        config
+    }
+
+    /// Adds the relays `n1..` to `lab`, each running its pipeline until the run ends. Returns the
+    /// ring and a table of addresses filled in once every host exists ([`Team::fill_addresses`]).
+    pub fn add_relays(&self, lab: &mut Lab, on_hop: Option<HopLog>) -> (Vec<PeerId>, Addresses) {
+        let names = self.names();
+        let ring: Vec<PeerId> = names.iter().map(|name| lab.peer_id(name)).collect();
+        let addresses: Addresses = Rc::default();
+        for (index, name) in names.iter().enumerate().skip(1) {
+            let team = self.clone();
+            let ring = ring.clone();
+            let addresses = addresses.clone();
+            let on_hop = if index == 1 { on_hop.clone() } else { None };
+            lab.host(name, move |context| {
+                let (team, ring, addresses, on_hop) = (
+                    team.clone(),
+                    ring.clone(),
+                    addresses.clone(),
+                    on_hop.clone(),
+                );
+                async move {
+                    let (node, _pipeline) = team
+                        .start_member(&context, &ring, index, &addresses)
+                        .await?;
+                    if let Some(log) = on_hop {
+                        let mut inbox = node.subscribe_batches(HOP)?;
+                        while let Some(batch) = inbox.recv().await {
+                            if batch.collect().await.is_ok() {
+                                log.borrow_mut().push(clock());
+                            }
+                        }
+                    }
+                    std::future::pending::<()>().await;
+                    Ok(())
+                }
+            });
+        }
+        (ring, addresses)
+    }
+
+    /// Records every host's node address (call after all hosts exist, before the run).
+    pub fn fill_addresses(&self, lab: &Lab, addresses: &Addresses) -> Result<(), ScenarioError> {
+        for name in self.names() {
+            let address = lab
+                .node_address(&name)
+                .map_err(|error| ScenarioError::Invalid {
+                    path: name.clone(),
+                    reason: error.to_string(),
+                })?;
+            addresses.borrow_mut().insert(name, address);
+        }
+        Ok(())
+    }
+
+    /// Starts member `index`'s node, configures its successor and joins the pipeline.
+    async fn start_member(
+        &self,
+        context: &HostContext,
+        ring: &[PeerId],
+        index: usize,
+        addresses: &Addresses,
+    ) -> Result<(Node, Pipeline), Box<dyn std::error::Error>> {
+        let mut config = context.node_config();
+        config.transport.initial_window_bytes = self.initial_window_bytes;
+        (self.tune)(&mut config);
+        let (node, _) = context.start_node(config).await?;
+        let next = (index + 1) % self.nodes;
+        let address = addresses
+            .borrow()
+            .get(&format!("n{next}"))
+            .copied()
+            .ok_or("successor address unknown")?;
+        node.add_peer(address, ring[next])?;
+        let pipeline = Pipeline::start(
+            &node,
+            self.pipeline_config(ring.to_vec()),
+            team_transform(self.compute_per_batch),
+        )?;
+        Ok((node, pipeline))
+    }
+
+    /// Starts the first node (`n0`) inside its client software and waits until a ring ping has
+    /// come back, i.e. every link of the ring is up.
+    pub async fn start_first(
+        &self,
+        context: &HostContext,
+        ring: &[PeerId],
+        addresses: &Addresses,
+    ) -> Result<(Node, Pipeline), Box<dyn std::error::Error>> {
+        let (node, pipeline) = self.start_member(context, ring, 0, addresses).await?;
+        while pipeline.status().last_ring_ping.is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok((node, pipeline))
+    }
+}
+
+/// Node addresses by host name.
+pub type Addresses = Rc<RefCell<HashMap<String, SocketAddr>>>;
+/// When `n1` received each hop-measurement batch whole.
+pub type HopLog = Rc<RefCell<Vec<Duration>>>;
+
+/// The team's transform: one batch-wide compute step per node, then every byte plus one.
+pub fn team_transform(compute_per_batch: Duration) -> Transform {
+    let cpu = Arc::new(tokio::sync::Mutex::new(()));
+    // Slots seen per batch still arriving, so the compute is charged at a batch's first chunk.
+    let seen: Arc<std::sync::Mutex<HashMap<u64, u64>>> = Arc::default();
+    Arc::new(move |header: &BatchHeader, chunk: Chunk| {
+        let (cpu, seen) = (cpu.clone(), seen.clone());
+        let (batch_id, slot_count) = (header.batch_id, u64::from(header.slot_count));
+        Box::pin(async move {
+            let first = {
+                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                let count = seen.entry(batch_id).or_insert(0);
+                let first = *count == 0;
+                *count += u64::from(chunk.slots);
+                if *count >= slot_count {
+                    seen.remove(&batch_id);
+                }
+                first
+            };
+            if first && !compute_per_batch.is_zero() {
+                let _busy = cpu.lock().await;
+                tokio::time::sleep(compute_per_batch).await;
+            }
+            let data: Bytes = chunk.data.iter().map(|b| b.wrapping_add(1)).collect();
+            Chunk {
+                slots: chunk.slots,
+                data,
+            }
+        })
+    })
+}
+
+/// A batch of `slots` payloads of `payload_bytes`, byte `i` of the batch being `(i * 7 + seed) % 251`.
+pub fn team_batch(round: u64, slots: u32, payload_bytes: usize) -> BatchInput {
+    let chunks = (0..slots)
+        .map(|slot| {
+            let start = slot as usize * payload_bytes;
+            Chunk {
+                slots: 1,
+                data: (start..start + payload_bytes)
+                    .map(|i| ((i * 7 + round as usize) % 251) as u8)
+                    .collect(),
+            }
+        })
+        .collect();
+    BatchInput {
+        round,
+        phase: 0,
+        metadata: Bytes::copy_from_slice(&round.to_le_bytes()),
+        chunks,
+    }
+}
+
+/// The workload of an xx-team case, shared by every policy.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload {
+    /// Nodes in the ring, the first included.
+    pub nodes: usize,
+    /// Payloads per batch.
+    pub slots: u32,
+    /// Bytes per payload.
+    pub payload_bytes: usize,
+    /// Batches sent round the ring by the meshwire policies.
+    pub batches: u64,
+    /// Batches sent round the ring by the gRPC baselines. They send one batch at a time, so their
+    /// rate does not depend on the count, and fewer keep a run's wall time small.
+    pub baseline_batches: u64,
+    /// Hop-transfer samples after the warm-up batch.
+    pub hop_samples: usize,
+    /// Each node's compute per batch.
+    pub compute_per_batch: Duration,
+    /// How long a batch may take round the ring.
+    pub batch_deadline: Duration,
+}
+
+impl Workload {
+    /// The case's parameters (defaults: the xx network's team of five, 1000 x 500 B payloads).
+    pub fn from_case(case: &CaseFile) -> Result<Self, ScenarioError> {
+        let workload = Self {
+            nodes: case.param_u64("nodes", 5)? as usize,
+            slots: case.param_u64("slots", 1000)? as u32,
+            payload_bytes: case.param_u64("payload_bytes", 500)? as usize,
+            batches: case.param_u64("batches", 20)?,
+            baseline_batches: case.param_u64("baseline_batches", case.param_u64("batches", 20)?)?,
+            hop_samples: case.param_u64("hop_samples", 10)? as usize,
+            compute_per_batch: Duration::from_millis(case.param_u64("compute_ms", 0)?),
+            batch_deadline: Duration::from_secs(case.param_u64("batch_deadline_s", 30)?),
+        };
+        if workload.nodes < 2
+            || workload.slots == 0
+            || workload.batches == 0
+            || workload.baseline_batches == 0
+        {
+            return Err(ScenarioError::failed(
+                case,
+                "an xx-team ring needs at least 2 nodes, 1 slot and 1 batch",
+            ));
+        }
+        Ok(workload)
+    }
+}
+
+pub(crate) fn percentile(sorted: &[f64], quantile: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((sorted.len() as f64 - 1.0) * quantile).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn unknown_policy(case: &CaseFile, policy: &str) -> ScenarioError {
+    let baselines = if cfg!(feature = "baselines") {
+        ", grpc-unary-64k, grpc-stream"
+    } else {
+        " (gRPC baselines need the `baselines` feature)"
+    };
+    ScenarioError::failed(
+        case,
+        format!("unknown policy {policy:?}; xx-team runs meshwire, meshwire-pipelined{baselines}"),
+    )
+}
+
+/// Runs one xx-team case under `policy`: `meshwire`, `meshwire-pipelined`, or (with the
+/// `baselines` feature) `grpc-unary-64k` or `grpc-stream`.
+pub fn run_case(
+    case: &CaseFile,
+    seed: u64,
+    policy: &str,
+    progress: &mut dyn FnMut(Duration),
+) -> Result<BTreeMap<String, f64>, ScenarioError> {
+    let pipelined_k = case.param_u64("pipelined_k", 5)? as usize;
+    let in_flight = match policy {
+        "meshwire" => 1,
+        "meshwire-pipelined" => pipelined_k,
+        #[cfg(feature = "baselines")]
+        other => match crate::grpc_team::Baseline::from_policy(other) {
+            Some(baseline) => return crate::grpc_team::run_case(case, seed, baseline, progress),
+            None => return Err(unknown_policy(case, other)),
+        },
+        #[cfg(not(feature = "baselines"))]
+        other => return Err(unknown_policy(case, other)),
+    };
+    let Workload {
+        nodes,
+        slots,
+        payload_bytes,
+        batches,
+        hop_samples,
+        compute_per_batch,
+        batch_deadline,
+        ..
+    } = Workload::from_case(case)?;
+    let team = Team {
+        nodes,
+        in_flight,
+        compute_per_batch,
+        batch_deadline,
+        ping_interval: Duration::from_millis(case.param_u64("ping_interval_ms", 500)?),
+        initial_window_bytes: match case.param_u64("initial_window_bytes", 0)? {
+            0 => None,
+            bytes => Some(bytes),
+        },
+        tune: if case.param_u64("bbr", 0)? == 1 {
+            |config| config.transport.congestion = meshwire::Congestion::Bbr
+        } else {
+            |_| {}
+        },
+    };
+    let spec = case
+        .link
+        .spec()
+        .map_err(|reason| ScenarioError::failed(case, reason))?;
+    let mut lab = Lab::new(seed, spec, case.duration() + Duration::from_secs(1));
+    let hops: HopLog = Rc::default();
+    let (ring, addresses) = team.add_relays(&mut lab, Some(hops.clone()));
+    let metrics: Rc<RefCell<BTreeMap<String, f64>>> = Rc::default();
+    {
+        let (team, metrics, hops, ring, addresses) = (
+            team.clone(),
+            metrics.clone(),
+            hops.clone(),
+            ring.clone(),
+            addresses.clone(),
+        );
+        lab.client("n0", move |context| async move {
+            let (node, pipeline) = team.start_first(&context, &ring, &addresses).await?;
+            // Hop transfer n0 -> n1 on the warm connection; the first batch is the warm-up.
+            let mut hop_ms = Vec::new();
+            for sample in 0..=hop_samples {
+                let input = team_batch(sample as u64, slots, payload_bytes);
+                let header = BatchHeader {
+                    protocol: HOP.0,
+                    batch_id: sample as u64,
+                    round: 0,
+                    phase: 0,
+                    slot_count: slots,
+                    total_bytes: (slots as usize * payload_bytes) as u64,
+                    metadata: Bytes::new(),
+                };
+                let before = hops.borrow().len();
+                let started = clock();
+                node.send_batch(ring[1], header, input.chunks).await?;
+                while hops.borrow().len() == before {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                let arrived = hops.borrow()[before];
+                if sample > 0 {
+                    hop_ms.push((arrived - started).as_secs_f64() * 1e3);
+                }
+            }
+            hop_ms.sort_by(f64::total_cmp);
+            // The ring ping on the idle ring: wait for one sent after the hop measurement.
+            tokio::time::sleep(team.ping_interval * 2).await;
+            let ring_ping = pipeline.status().last_ring_ping.ok_or("no ring ping")?;
+
+            let inputs: Vec<BatchInput> = (0..batches)
+                .map(|round| team_batch(round, slots, payload_bytes))
+                .collect();
+            let started = clock();
+            let submitter = {
+                let pipeline = pipeline.clone();
+                tokio::task::spawn_local(async move {
+                    for input in inputs {
+                        pipeline.submit(input).await?;
+                    }
+                    Ok::<_, meshwire::pipeline::PipelineError>(())
+                })
+            };
+            let mut failed = 0u64;
+            for _ in 0..batches {
+                let result = pipeline.next_result().await.ok_or("pipeline closed")?;
+                if result.outcome.is_err() {
+                    failed += 1;
+                }
+            }
+            submitter.await??;
+            let elapsed = (clock() - started).as_secs_f64();
+            let mut metrics = metrics.borrow_mut();
+            metrics.insert(
+                "hop_transfer_ms_p50".into(),
+                round_metric(percentile(&hop_ms, 0.5)),
+            );
+            metrics.insert(
+                "hop_transfer_ms_p99".into(),
+                round_metric(percentile(&hop_ms, 0.99)),
+            );
+            metrics.insert(
+                "ring_ping_ms".into(),
+                round_metric(ring_ping.as_secs_f64() * 1e3),
+            );
+            metrics.insert(
+                "batches_per_s".into(),
+                round_metric(batches as f64 / elapsed),
+            );
+            metrics.insert("batches_failed".into(), failed as f64);
+            Ok(())
+        });
+    }
+    team.fill_addresses(&lab, &addresses)?;
+    let finished = lab
+        .run(case.duration(), progress)
+        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+    if !finished {
+        return Err(ScenarioError::failed(
+            case,
+            format!(
+                "the run did not finish within {} s of virtual time",
+                case.duration_s
+            ),
+        ));
+    }
+    let metrics = metrics.borrow().clone();
+    Ok(metrics)
+}

@@ -1,0 +1,584 @@
+//! Send and receive bulk batches: a header, then chunks the receiver sees as they arrive.
+//!
+//! # Design
+//!
+//! Each batch is one QUIC unidirectional stream carrying the records of [`meshwire_proto::batch`]
+//! (header, chunks, end record). The stream's first two bytes (`"MB"`) tell the node's accept path
+//! it is a batch, not a message stream (`"MW"`). The stream window is the node's bandwidth-delay
+//! product ([`crate::TransportSettings::bdp_bytes`], 25 MB by default), so a batch is bound by
+//! latency and bandwidth, not by flow-control windows (the xx network's 600 ms hops, `seeds/000`).
+//!
+//! The receiving node reads the header (within `inbound_request_timeout`), then hands an
+//! [`InboundBatch`] to the protocol's batch subscriber, which pulls chunks one by one as they
+//! arrive. Pulling is the backpressure: an application that stops reading stops the stream, and
+//! QUIC flow control slows the sender. At most one chunk plus one 64 KiB read is buffered.
+//!
+//! Failure is typed on both ends, never a partial batch passed off as whole:
+//! - a sender that drops or fails a [`BatchSender`] before [`BatchSender::finish`] resets the
+//!   stream with [`RESET_BATCH_ABANDONED`]; the receiver's next read is [`BatchError::Reset`];
+//! - a receiver that finds the batch malformed, short, long or truncated
+//!   ([`BatchError::Codec`]) stops the stream with [`STOP_BATCH_MALFORMED`]; a sender still writing
+//!   or waiting in [`BatchSender::finish`] gets [`BatchError::Stopped`];
+//! - a batch for a protocol nobody subscribed to is stopped with [`STOP_BATCH_NO_SUBSCRIBER`].
+//!
+//! Unlike a malformed message frame, a bad batch costs only its stream: the connection and the
+//! other batches on it go on.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use meshwire_proto::batch::{
+    self as codec, BatchDecoder, BatchEncoder, BatchEvent, BatchHeader, BatchLimits, Chunk,
+};
+use meshwire_proto::wire::ProtocolId;
+use meshwire_proto::PeerId;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use quinn::{ReadError, RecvStream, SendStream, VarInt, WriteError};
+use tokio::sync::mpsc;
+
+use super::{read, write, Inner, Node, SubscribeError};
+use crate::metrics::Metrics;
+
+pub(super) use meshwire_proto::batch::BATCH_MAGIC;
+
+/// Stream reset code: the sender gave the batch up before its end.
+pub const RESET_BATCH_ABANDONED: u32 = 0x10;
+/// Stop-sending code: the receiver found the batch malformed, short, long or truncated.
+pub const STOP_BATCH_MALFORMED: u32 = 0x11;
+/// Stop-sending code: nobody on the receiving node subscribed to the batch's protocol.
+pub const STOP_BATCH_NO_SUBSCRIBER: u32 = 0x12;
+/// Stop-sending code: the receiving application discarded the batch.
+pub const STOP_BATCH_DISCARDED: u32 = 0x13;
+
+/// Bytes read from the stream at a time.
+const READ_STEP: usize = 64 * 1024;
+/// Inbound batches waiting for their subscriber before the node stops accepting more.
+const INBOUND_BATCH_QUEUE: usize = 64;
+
+/// Why a batch could not be sent or received whole.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BatchError {
+    /// The batch broke the format or its own declared sizes (short, long, truncated, malformed).
+    #[error(transparent)]
+    Codec(#[from] codec::BatchError),
+    /// No connection to the peer.
+    #[error("not connected to {0}")]
+    NotConnected(PeerId),
+    /// The sender reset the stream with this code (for example, it gave the batch up).
+    #[error("the sender reset the batch with code {0:#x}")]
+    Reset(u64),
+    /// The receiver stopped the stream with this code (for example, it found the batch malformed).
+    #[error("the receiver stopped the batch with code {0:#x}")]
+    Stopped(u64),
+    /// The connection broke under the batch.
+    #[error("connection lost: {0}")]
+    ConnectionLost(String),
+    /// The header did not arrive within the node's inbound timeout.
+    #[error("batch header timed out after {0:?}")]
+    HeaderTimeout(Duration),
+}
+
+impl BatchError {
+    /// A short, stable name for metrics labels.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Codec(error) => error.label(),
+            Self::NotConnected(_) => "not_connected",
+            Self::Reset(_) => "reset",
+            Self::Stopped(_) => "stopped",
+            Self::ConnectionLost(_) => "connection_lost",
+            Self::HeaderTimeout(_) => "header_timeout",
+        }
+    }
+}
+
+impl From<WriteError> for BatchError {
+    fn from(error: WriteError) -> Self {
+        match error {
+            WriteError::Stopped(code) => Self::Stopped(code.into_inner()),
+            other => Self::ConnectionLost(other.to_string()),
+        }
+    }
+}
+
+impl From<ReadError> for BatchError {
+    fn from(error: ReadError) -> Self {
+        match error {
+            ReadError::Reset(code) => Self::Reset(code.into_inner()),
+            other => Self::ConnectionLost(other.to_string()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, Default)]
+struct BatchMetrics {
+    sent: Counter,
+    received: Counter,
+    bytes_received: Counter,
+    errors: Family<ReasonLabel, Counter>,
+}
+
+impl BatchMetrics {
+    fn error(&self, error: &BatchError) {
+        self.errors
+            .get_or_create(&ReasonLabel {
+                reason: error.label(),
+            })
+            .inc();
+    }
+}
+
+/// The node's batch state: subscribers per protocol, limits and metrics.
+pub(super) struct BatchService {
+    subscribers: RwLock<HashMap<ProtocolId, mpsc::Sender<InboundBatch>>>,
+    limits: BatchLimits,
+    metrics: BatchMetrics,
+}
+
+impl BatchService {
+    pub(super) fn new(metrics: &Metrics) -> Self {
+        let batch_metrics = BatchMetrics::default();
+        metrics.register_with(|registry| {
+            registry.register(
+                "batches_sent",
+                "Batches sent whole and acknowledged",
+                batch_metrics.sent.clone(),
+            );
+            registry.register(
+                "batches_received",
+                "Batches received whole",
+                batch_metrics.received.clone(),
+            );
+            registry.register(
+                "batch_bytes_received",
+                "Chunk bytes of batches received",
+                batch_metrics.bytes_received.clone(),
+            );
+            registry.register(
+                "batch_errors",
+                "Batches that failed on either end, by reason",
+                batch_metrics.errors.clone(),
+            );
+        });
+        Self {
+            subscribers: RwLock::new(HashMap::new()),
+            limits: BatchLimits::default(),
+            metrics: batch_metrics,
+        }
+    }
+}
+
+/// An outgoing batch: send its chunks, then [`BatchSender::finish`] it. Dropped before the finish,
+/// it resets the stream and the receiver sees [`BatchError::Reset`].
+#[derive(Debug)]
+pub struct BatchSender {
+    send: SendStream,
+    encoder: BatchEncoder,
+    finished: bool,
+    metrics: BatchMetrics,
+}
+
+impl BatchSender {
+    /// The header the batch was opened with.
+    pub fn header(&self) -> &BatchHeader {
+        self.encoder.header()
+    }
+
+    /// Sends one chunk; the data is written by reference, never copied.
+    pub async fn send_chunk(&mut self, chunk: Chunk) -> Result<(), BatchError> {
+        let result = async {
+            let prefix = self.encoder.chunk(chunk.slots, chunk.data.len())?;
+            self.send
+                .write_all_chunks(&mut [prefix, chunk.data])
+                .await?;
+            Ok(())
+        }
+        .await;
+        self.fail_on_error(result)
+    }
+
+    /// Sends the end record and waits until the receiver has acknowledged every byte. Fails if the
+    /// chunks sent do not add up to the header, or the receiver stopped the batch.
+    pub async fn finish(mut self) -> Result<(), BatchError> {
+        let result = async {
+            let end = self.encoder.end()?;
+            self.send.write_chunk(end).await?;
+            self.finished = true;
+            // Cannot fail: the stream was neither finished nor reset before.
+            let _ = self.send.finish();
+            match self.send.stopped().await {
+                Ok(None) => Ok(()),
+                Ok(Some(code)) => Err(BatchError::Stopped(code.into_inner())),
+                Err(error) => Err(BatchError::ConnectionLost(error.to_string())),
+            }
+        }
+        .await;
+        let result = self.fail_on_error(result);
+        if result.is_ok() {
+            self.metrics.sent.inc();
+        }
+        result
+    }
+
+    /// Gives the batch up: the receiver sees [`BatchError::Reset`] with [`RESET_BATCH_ABANDONED`].
+    pub fn abandon(mut self) {
+        self.reset();
+    }
+
+    fn reset(&mut self) {
+        if !self.finished {
+            self.finished = true;
+            let _ = self.send.reset(VarInt::from_u32(RESET_BATCH_ABANDONED));
+        }
+    }
+
+    fn fail_on_error<T>(&mut self, result: Result<T, BatchError>) -> Result<T, BatchError> {
+        if let Err(error) = &result {
+            self.metrics.error(error);
+            self.reset();
+        }
+        result
+    }
+}
+
+impl Drop for BatchSender {
+    fn drop(&mut self) {
+        self.reset();
+    }
+}
+
+/// An incoming batch: its header, then its chunks as they arrive.
+#[derive(Debug)]
+pub struct InboundBatch {
+    from: PeerId,
+    header: BatchHeader,
+    recv: RecvStream,
+    decoder: BatchDecoder,
+    buffer: BytesMut,
+    state: Inbound,
+    metrics: BatchMetrics,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Inbound {
+    Open,
+    Done,
+    Failed(BatchError),
+}
+
+impl InboundBatch {
+    /// The sender.
+    pub fn from(&self) -> PeerId {
+        self.from
+    }
+
+    /// The batch's header.
+    pub fn header(&self) -> &BatchHeader {
+        &self.header
+    }
+
+    /// The next chunk as soon as it has arrived; `None` once the batch has arrived whole (end
+    /// record checked, stream finished). After an error, every call returns the same error.
+    pub async fn next_chunk(&mut self) -> Result<Option<Chunk>, BatchError> {
+        match &self.state {
+            Inbound::Open => {}
+            Inbound::Done => return Ok(None),
+            Inbound::Failed(error) => return Err(error.clone()),
+        }
+        let result = self.pull().await;
+        match &result {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                self.state = Inbound::Done;
+                self.metrics.received.inc();
+            }
+            Err(error) => {
+                self.metrics.error(error);
+                if matches!(error, BatchError::Codec(_)) {
+                    let _ = self.recv.stop(VarInt::from_u32(STOP_BATCH_MALFORMED));
+                }
+                self.state = Inbound::Failed(error.clone());
+            }
+        }
+        result
+    }
+
+    /// Reads every remaining chunk.
+    pub async fn collect(mut self) -> Result<(BatchHeader, Vec<Chunk>), BatchError> {
+        let mut chunks = Vec::new();
+        while let Some(chunk) = self.next_chunk().await? {
+            chunks.push(chunk);
+        }
+        Ok((self.header, chunks))
+    }
+
+    /// Discards the batch: the sender sees [`BatchError::Stopped`] with [`STOP_BATCH_DISCARDED`].
+    pub fn discard(mut self) {
+        let _ = self.recv.stop(VarInt::from_u32(STOP_BATCH_DISCARDED));
+    }
+
+    async fn pull(&mut self) -> Result<Option<Chunk>, BatchError> {
+        loop {
+            if !self.decoder.is_done() {
+                match self.decoder.poll(&mut self.buffer)? {
+                    Some(BatchEvent::Chunk(chunk)) => {
+                        self.metrics.bytes_received.inc_by(chunk.data.len() as u64);
+                        return Ok(Some(chunk));
+                    }
+                    // A second header cannot be decoded: the decoder reads one.
+                    Some(BatchEvent::Header(_)) | Some(BatchEvent::End) | None => {}
+                }
+            }
+            match self.recv.read_chunk(READ_STEP, true).await? {
+                Some(read) => self.buffer.extend_from_slice(&read.bytes),
+                None => {
+                    self.decoder.finish(self.buffer.len())?;
+                    return Ok(None);
+                }
+            }
+            if self.decoder.is_done() && !self.buffer.is_empty() {
+                return Err(codec::BatchError::TrailingBytes(self.buffer.len()).into());
+            }
+        }
+    }
+}
+
+/// Reads a batch stream's header (its magic already read) into an [`InboundBatch`].
+async fn read_header(
+    from: PeerId,
+    mut recv: RecvStream,
+    limits: BatchLimits,
+    metrics: BatchMetrics,
+) -> Result<InboundBatch, (BatchError, RecvStream)> {
+    let mut decoder = BatchDecoder::new(limits);
+    let mut buffer = BytesMut::from(&BATCH_MAGIC[..]);
+    loop {
+        match decoder.poll(&mut buffer) {
+            Ok(Some(BatchEvent::Header(header))) => {
+                return Ok(InboundBatch {
+                    from,
+                    header,
+                    recv,
+                    decoder,
+                    buffer,
+                    state: Inbound::Open,
+                    metrics,
+                })
+            }
+            Ok(_) => {}
+            Err(error) => return Err((error.into(), recv)),
+        }
+        match recv.read_chunk(READ_STEP, true).await {
+            Ok(Some(read)) => buffer.extend_from_slice(&read.bytes),
+            Ok(None) => {
+                let error =
+                    decoder
+                        .finish(buffer.len())
+                        .err()
+                        .unwrap_or(codec::BatchError::Truncated {
+                            received: 0,
+                            declared: 0,
+                        });
+                return Err((error.into(), recv));
+            }
+            Err(error) => return Err((error.into(), recv)),
+        }
+    }
+}
+
+impl Inner {
+    /// Serves one inbound batch stream whose magic has been read: reads the header, then hands the
+    /// batch to the protocol's subscriber.
+    pub(super) async fn accept_batch(self: Arc<Self>, remote: PeerId, recv: RecvStream) {
+        let service = &self.batches;
+        let timeout = self.config.inbound_request_timeout;
+        let header = tokio::time::timeout(
+            timeout,
+            read_header(remote, recv, service.limits, service.metrics.clone()),
+        )
+        .await;
+        let batch = match header {
+            Ok(Ok(batch)) => batch,
+            Ok(Err((error, mut recv))) => {
+                service.metrics.error(&error);
+                let _ = recv.stop(VarInt::from_u32(STOP_BATCH_MALFORMED));
+                return;
+            }
+            Err(_) => {
+                // The stream was dropped with the timed-out future; quinn stops it.
+                service.metrics.error(&BatchError::HeaderTimeout(timeout));
+                return;
+            }
+        };
+        let protocol = ProtocolId(batch.header.protocol);
+        let subscriber = read(&service.subscribers).get(&protocol).cloned();
+        let refused = match subscriber {
+            Some(subscriber) => subscriber.send(batch).await.err().map(|error| error.0),
+            None => Some(batch),
+        };
+        if let Some(mut batch) = refused {
+            self.metrics.drop_message("no_subscriber");
+            let _ = batch.recv.stop(VarInt::from_u32(STOP_BATCH_NO_SUBSCRIBER));
+        }
+    }
+}
+
+impl Node {
+    /// Opens a batch to `peer` on a fresh stream and sends its header. The header's `total_bytes`
+    /// and `slot_count` must match the chunks sent before [`BatchSender::finish`].
+    pub async fn open_batch(
+        &self,
+        peer: PeerId,
+        header: BatchHeader,
+    ) -> Result<BatchSender, BatchError> {
+        let service = &self.inner.batches;
+        let result = async {
+            let (encoder, head) = BatchEncoder::new(header, service.limits)?;
+            let (connection, _) = self
+                .inner
+                .current(peer)
+                .ok_or(BatchError::NotConnected(peer))?;
+            let mut send = connection
+                .open_uni()
+                .await
+                .map_err(|error| BatchError::ConnectionLost(error.to_string()))?;
+            send.write_chunk(head).await?;
+            Ok(BatchSender {
+                send,
+                encoder,
+                finished: false,
+                metrics: service.metrics.clone(),
+            })
+        }
+        .await;
+        if let Err(error) = &result {
+            service.metrics.error(error);
+        }
+        result
+    }
+
+    /// Sends a whole batch: header, every chunk, end record; returns once the receiver has
+    /// acknowledged every byte.
+    pub async fn send_batch(
+        &self,
+        peer: PeerId,
+        header: BatchHeader,
+        chunks: impl IntoIterator<Item = Chunk>,
+    ) -> Result<(), BatchError> {
+        let mut sender = self.open_batch(peer, header).await?;
+        for chunk in chunks {
+            sender.send_chunk(chunk).await?;
+        }
+        sender.finish().await
+    }
+
+    /// Receives every batch sent to this node on `protocol`, header first. One subscriber per
+    /// protocol; batches wait (at most 64, then their streams wait) while it is busy.
+    pub fn subscribe_batches(
+        &self,
+        protocol: ProtocolId,
+    ) -> Result<mpsc::Receiver<InboundBatch>, SubscribeError> {
+        let mut subscribers = write(&self.inner.batches.subscribers);
+        if subscribers.get(&protocol).is_some_and(|tx| !tx.is_closed()) {
+            return Err(SubscribeError::AlreadySubscribed(protocol));
+        }
+        let (tx, rx) = mpsc::channel(INBOUND_BATCH_QUEUE);
+        subscribers.insert(protocol, tx);
+        Ok(rx)
+    }
+
+    /// The batch size limits this node enforces.
+    pub fn batch_limits(&self) -> BatchLimits {
+        self.inner.batches.limits
+    }
+}
+
+/// Cuts `data` into chunks of `chunk_bytes` (the last may be shorter), one slot each, without copying.
+pub fn split_into_chunks(data: &Bytes, chunk_bytes: usize) -> Vec<Chunk> {
+    let step = chunk_bytes.max(1);
+    (0..data.len())
+        .step_by(step)
+        .map(|start| Chunk {
+            slots: 1,
+            data: data.slice(start..(start + step).min(data.len())),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Keypair, NodeConfig};
+
+    fn node(seed: u8) -> Node {
+        let mut config = NodeConfig::new(Keypair::from_seed([seed; 32]));
+        config.rng_seed = Some(seed.into());
+        Node::bind(config, "127.0.0.1:0".parse().unwrap()).unwrap()
+    }
+
+    fn header(slot_count: u32, total_bytes: u64) -> BatchHeader {
+        BatchHeader {
+            protocol: 9,
+            batch_id: 1,
+            round: 0,
+            phase: 0,
+            slot_count,
+            total_bytes,
+            metadata: Bytes::new(),
+        }
+    }
+
+    /// A sender that finishes its stream before the end record: the receiver reports the batch
+    /// truncated, never whole.
+    #[tokio::test]
+    async fn a_stream_that_ends_early_is_a_truncated_batch_on_both_ends() {
+        let (a, b) = (node(1), node(2));
+        let mut inbox = b.subscribe_batches(ProtocolId(9)).unwrap();
+        a.connect(b.local_addr().unwrap(), b.peer_id())
+            .await
+            .unwrap();
+        let (connection, _) = a.inner.current(b.peer_id()).unwrap();
+        let (_, head) = BatchEncoder::new(header(2, 8), BatchLimits::default()).unwrap();
+        let mut encoder = BatchEncoder::new(header(2, 8), BatchLimits::default())
+            .unwrap()
+            .0;
+        let mut send = connection.open_uni().await.unwrap();
+        send.write_all(&head).await.unwrap();
+        send.write_all(&encoder.chunk(1, 4).unwrap()).await.unwrap();
+        send.write_all(b"abcd").await.unwrap();
+        send.finish().unwrap();
+        drop(send);
+
+        let mut batch = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(batch.header(), &header(2, 8));
+        let first = batch.next_chunk().await.unwrap().unwrap();
+        assert_eq!(&first.data[..], b"abcd");
+        let error = batch.next_chunk().await.unwrap_err();
+        assert_eq!(
+            error,
+            BatchError::Codec(codec::BatchError::Truncated {
+                received: 4,
+                declared: 8
+            })
+        );
+        // The error sticks.
+        assert_eq!(batch.next_chunk().await.unwrap_err(), error);
+        assert!(b
+            .metrics()
+            .encode_text()
+            .contains("batch_errors_total{reason=\"truncated\"} 1"));
+    }
+}
