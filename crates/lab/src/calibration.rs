@@ -132,6 +132,10 @@ fn bulk(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), 
     let total_mib = case.param_u64("mebibytes", 200)?;
     let window_bytes = case.param_u64("stream_window_bytes", 0)?;
     let warmup_mib = case.param_u64("warmup_mebibytes", 0)?;
+    let initial_window = match case.param_u64("initial_window_bytes", 0)? {
+        0 => None,
+        bytes => Some(bytes),
+    };
     // Windows: the node's bandwidth-delay setting, or a fixed stream window (quinn's default is
     // 1.25 MB).
     let congestion = match case.params.get("congestion").and_then(|v| v.as_str()) {
@@ -147,6 +151,7 @@ fn bulk(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), 
     };
     let configure = move |config: &mut NodeConfig| {
         config.transport.congestion = congestion;
+        config.transport.initial_window_bytes = initial_window;
         if window_bytes > 0 {
             config.transport.bandwidth_bits_per_sec = window_bytes * 8;
             config.transport.max_rtt = Duration::from_secs(1);
