@@ -46,9 +46,7 @@ fn in_sender_runtime() -> bool {
 }
 
 fn digest(bytes: &[u8]) -> [u8; 32] {
-    let mut out = [0u8; 32];
-    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref());
-    out
+    meshwire::proto::hash::sha256(&[bytes])
 }
 
 /// Runs one fan-out case under `policy` (`meshwire` or `naive`).

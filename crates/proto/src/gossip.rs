@@ -62,12 +62,7 @@ pub struct ArtifactId(pub [u8; 32]);
 impl ArtifactId {
     /// The id of `payload` in `class`.
     pub fn of(class: ClassId, payload: &[u8]) -> Self {
-        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
-        context.update(&[class.0]);
-        context.update(payload);
-        let mut id = [0u8; 32];
-        id.copy_from_slice(context.finish().as_ref());
-        Self(id)
+        Self(crate::hash::sha256(&[&[class.0], payload]))
     }
 
     /// The first eight bytes in hex, for logs.

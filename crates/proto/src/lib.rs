@@ -8,6 +8,7 @@
 pub mod backoff;
 pub mod batch;
 pub mod gossip;
+pub mod hash;
 pub mod object;
 pub mod peer_id;
 pub mod pipeline;

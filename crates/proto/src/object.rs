@@ -26,7 +26,7 @@
 //! whose holders have the highest summed trust wins, then the most holders, then the smaller hash
 //! (so every reader picks the same copy).
 
-use sha2::{Digest, Sha256};
+use crate::hash::sha256;
 
 /// Longest key, in bytes.
 pub const MAX_KEY_LEN: usize = 256;
@@ -92,7 +92,7 @@ pub fn validate_key(key: &str) -> Result<(), ObjectError> {
 
 /// SHA-256 of `content`.
 pub fn content_hash(content: &[u8]) -> ContentHash {
-    Sha256::digest(content).into()
+    sha256(&[content])
 }
 
 /// A version and hash: what a metadata fetch returns and what merging compares.
@@ -307,10 +307,7 @@ pub fn decode_stored(bytes: &[u8]) -> Result<u64, ObjectError> {
 
 /// The weight of `peer` (its 32 id bytes) for `key` in rendezvous hashing.
 pub fn rendezvous_weight(key: &str, peer: &[u8; 32]) -> u64 {
-    let mut hasher = Sha256::new();
-    hasher.update(key.as_bytes());
-    hasher.update(peer);
-    let digest = hasher.finalize();
+    let digest = sha256(&[key.as_bytes(), peer]);
     let mut weight = [0u8; 8];
     weight.copy_from_slice(&digest[..8]);
     u64::from_be_bytes(weight)
