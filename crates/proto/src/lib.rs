@@ -1,4 +1,5 @@
-//! Run meshwire's protocols as pure state machines: wire codec, identities and reconnect policy.
+//! Run meshwire's protocols as pure state machines: wire codec, identities, reconnect policy and
+//! multipath sessions.
 //!
 //! Nothing in this crate touches a socket, reads a clock or draws from a global random number
 //! generator. Time arrives as `now` arguments and randomness as an injected [`rand::RngCore`], so the
@@ -6,6 +7,7 @@
 
 pub mod backoff;
 pub mod peer_id;
+pub mod session;
 pub mod wire;
 
 pub use peer_id::PeerId;
