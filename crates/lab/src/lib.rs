@@ -11,6 +11,7 @@ pub mod calibration;
 pub mod fanout;
 pub mod lab;
 pub mod link;
+pub mod multipath;
 pub mod scale;
 pub mod scenario;
 pub mod socket;
@@ -49,6 +50,9 @@ pub fn run_scenario(
                 ("calibration", "meshwire") => calibration::run_case(case, seed, mode, &mut tick)?,
                 ("fanout", policy) if mode == Mode::Virtual => {
                     fanout::run_case(case, seed, policy, &mut tick)?
+                }
+                ("multipath", policy) if mode == Mode::Virtual => {
+                    multipath::run_case(case, seed, policy, &mut tick)?
                 }
                 ("scale", "meshwire") if mode == Mode::Virtual => {
                     scale::run_case(case, seed, &mut tick)?
