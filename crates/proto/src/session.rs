@@ -32,8 +32,8 @@
 //!   acknowledged, receiver ACKs batched per connection every 50 ms, and a 1 s pause after a send
 //!   error.
 //! * [`Policy::Meshwire`] — per-path delivery rate (ACK arrivals over the last 16 ACKs, windowed
-//!   maximum over 2 s) and minimum RTT; window = 2 × rate × min RTT (one bandwidth-delay product
-//!   in flight, one of headroom). Segments go to the path with the earliest expected arrival (a
+//!   maximum over 2 s) and minimum RTT; window = 1.25 × rate × min RTT (one bandwidth-delay
+//!   product in flight, a quarter of headroom). Segments go to the path with the earliest expected arrival (a
 //!   departure clock advanced by 1/rate per packet, plus half the min RTT); near the end of the
 //!   data a slow path is left idle when the others would deliver the rest sooner. Loss is detected
 //!   from ACKs (3 later packets on the same path acknowledged, or 9/8 RTT older than an

@@ -11,8 +11,10 @@ use super::{PathId, Policy, SessionConfig, SessionError, Transmit};
 
 /// A packet is lost once this many packets sent after it on the same path were acknowledged.
 const PACKET_THRESHOLD: u64 = 3;
-/// meshwire's window is this many bandwidth-delay products: one in flight, one of headroom.
-const WINDOW_GAIN: f64 = 2.0;
+/// meshwire's window is this many bandwidth-delay products: one in flight, a quarter of headroom
+/// (enough to keep the bottleneck busy and its ACK spacing measurable, little enough that the
+/// queue it builds does not stretch the reordering span on long paths).
+const WINDOW_GAIN: f64 = 1.25;
 /// Smallest meshwire window, in packets.
 const MIN_WINDOW_PACKETS: f64 = 4.0;
 /// ACK arrivals over which one delivery-rate sample is taken.
@@ -223,6 +225,9 @@ pub struct Sender {
     next_timeout_check: Option<Instant>,
     round_robin: usize,
     window_probe_at: Option<Instant>,
+    /// Transmissions acknowledged through another path's ACK ranges before their own ACK came
+    /// back: their send time still yields an RTT sample when the echo arrives (bounded).
+    awaiting_echo: BTreeMap<u64, (PathId, Instant)>,
     stats: SenderStats,
 }
 
@@ -246,6 +251,7 @@ impl Sender {
             next_timeout_check: None,
             round_robin: 0,
             window_probe_at: None,
+            awaiting_echo: BTreeMap::new(),
             stats: SenderStats::default(),
         }
     }
@@ -421,10 +427,17 @@ impl Sender {
             };
             for pn in segment.in_flight {
                 if let Some(info) = self.in_flight.remove(&pn) {
+                    if Some(pn) != ack.echo && self.config.policy == Policy::Meshwire {
+                        self.awaiting_echo.insert(pn, (info.path, info.sent_at));
+                    }
                     self.on_packet_acked(info, now);
                     progressed.insert(info.path);
                 }
             }
+        }
+        let limit = 2 * self.config.session_window_packets() as usize;
+        while self.awaiting_echo.len() > limit {
+            self.awaiting_echo.pop_first();
         }
         self.cumulative_acked = self
             .segments
