@@ -50,6 +50,8 @@ pub mod codec;
 mod receiver;
 mod rtt;
 mod sender;
+#[cfg(test)]
+mod tests;
 
 use std::time::{Duration, Instant};
 

@@ -119,7 +119,6 @@ struct Path {
     rate_filter: VecDeque<(Instant, f64)>,
     /// When the last packet put on the path should finish crossing its bottleneck.
     departure_clock: Option<Instant>,
-    probe: Option<(u64, Instant)>,
     next_probe: Option<Instant>,
     paused_until: Option<Instant>,
 }
@@ -141,7 +140,6 @@ impl Path {
             ack_history: VecDeque::new(),
             rate_filter: VecDeque::new(),
             departure_clock: None,
-            probe: None,
             next_probe: None,
             paused_until: None,
         }
@@ -225,8 +223,9 @@ pub struct Sender {
     next_timeout_check: Option<Instant>,
     round_robin: usize,
     window_probe_at: Option<Instant>,
-    /// Transmissions acknowledged through another path's ACK ranges before their own ACK came
-    /// back: their send time still yields an RTT sample when the echo arrives (bounded).
+    /// meshwire: send times of transmissions that left flight before their own ACK came back
+    /// (acknowledged through another path's ranges, declared lost, probes), so that their echo
+    /// still measures the path's RTT and proves a failed path alive (oldest dropped first).
     awaiting_echo: BTreeMap<u64, (PathId, Instant)>,
     stats: SenderStats,
 }
@@ -302,7 +301,10 @@ impl Sender {
                 id,
                 PathStats {
                     state: path.state,
-                    window_packets: path.window_packets,
+                    window_packets: match self.config.policy {
+                        Policy::Meshwire => self.meshwire_window(path),
+                        Policy::Classic | Policy::Nkp24 => path.window_packets,
+                    },
                     in_flight_packets: path.in_flight_packets,
                     smoothed_rtt: path.rtt.smoothed(),
                     rto: match self.config.policy {
@@ -427,17 +429,13 @@ impl Sender {
             };
             for pn in segment.in_flight {
                 if let Some(info) = self.in_flight.remove(&pn) {
-                    if Some(pn) != ack.echo && self.config.policy == Policy::Meshwire {
-                        self.awaiting_echo.insert(pn, (info.path, info.sent_at));
+                    if Some(pn) != ack.echo {
+                        self.await_echo(pn, info.path, info.sent_at);
                     }
                     self.on_packet_acked(info, now);
                     progressed.insert(info.path);
                 }
             }
-        }
-        let limit = 2 * self.config.session_window_packets() as usize;
-        while self.awaiting_echo.len() > limit {
-            self.awaiting_echo.pop_first();
         }
         self.cumulative_acked = self
             .segments
@@ -464,28 +462,46 @@ impl Sender {
         Ok(())
     }
 
+    /// meshwire: an ACK on `path` echoes transmission `echo`. If that transmission went on
+    /// `path`, its send time gives an RTT sample, even when the transmission already left flight
+    /// (acknowledged through another path's ranges, declared lost by an RTO that fired just
+    /// before the ACK, or a probe), and a failed path that answers is re-admitted.
     fn handle_echo(&mut self, path: PathId, echo: u64, now: Instant) {
+        if self.config.policy != Policy::Meshwire {
+            return;
+        }
+        let sent = match self.in_flight.get(&echo) {
+            Some(info) => Some((info.path, info.sent_at)),
+            None => self.awaiting_echo.remove(&echo),
+        };
+        let Some((sent_on, sent_at)) = sent else {
+            return;
+        };
         let Some(state) = self.paths.get_mut(&path) else {
             return;
         };
-        if let Some((probe, sent_at)) = state.probe {
-            if probe == echo {
-                state.rtt.update(now.saturating_duration_since(sent_at));
-                state.probe = None;
-                state.next_probe = None;
-                state.state = PathState::Active;
-                state.backoff = 0;
-                state.ack_history.clear();
-                self.stats.path_readmissions += 1;
-                return;
-            }
+        if sent_on != path {
+            return;
         }
-        if let Some(info) = self.in_flight.get(&echo) {
-            if info.path == path && self.config.policy == Policy::Meshwire {
-                state
-                    .rtt
-                    .update(now.saturating_duration_since(info.sent_at));
-            }
+        state.rtt.update(now.saturating_duration_since(sent_at));
+        if state.state == PathState::Probing {
+            state.next_probe = None;
+            state.state = PathState::Active;
+            state.backoff = 0;
+            state.ack_history.clear();
+            self.stats.path_readmissions += 1;
+        }
+    }
+
+    /// meshwire: keeps the send time of a transmission that left flight, for its echo.
+    fn await_echo(&mut self, packet_number: u64, path: PathId, sent_at: Instant) {
+        if self.config.policy != Policy::Meshwire {
+            return;
+        }
+        self.awaiting_echo.insert(packet_number, (path, sent_at));
+        let limit = 2 * self.config.session_window_packets() as usize;
+        while self.awaiting_echo.len() > limit {
+            self.awaiting_echo.pop_first();
         }
     }
 
@@ -559,6 +575,7 @@ impl Sender {
         let Some(info) = self.in_flight.remove(&pn) else {
             return;
         };
+        self.await_echo(pn, info.path, info.sent_at);
         if let Some(path) = self.paths.get_mut(&info.path) {
             path.in_flight_packets = path.in_flight_packets.saturating_sub(1);
         }
@@ -872,9 +889,11 @@ impl Sender {
         let max_interval = self.config.max_probe_interval;
         let path = self.paths.get_mut(&id)?;
         if path.state == PathState::Probing {
-            path.probe = Some((packet_number, now));
             path.next_probe = Some(now + path.rto().min(max_interval));
         }
+        // Any answered probe re-admits the path, not only the latest: on a path whose RTT exceeds
+        // the probe interval the latest is never the one answered.
+        self.await_echo(packet_number, id, now);
         Some(Transmit {
             path: id,
             payload: Packet::Probe { packet_number }.encode(),
