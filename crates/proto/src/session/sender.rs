@@ -15,6 +15,8 @@ const PACKET_THRESHOLD: u64 = 3;
 /// (enough to keep the bottleneck busy and its ACK spacing measurable, little enough that the
 /// queue it builds does not stretch the reordering span on long paths).
 const WINDOW_GAIN: f64 = 1.25;
+/// meshwire leaves startup when an RTT sample exceeds the minimum by this factor (a queue).
+const STARTUP_EXIT_RTT: f64 = 1.25;
 /// Smallest meshwire window, in packets.
 const MIN_WINDOW_PACKETS: f64 = 4.0;
 /// ACK arrivals over which one delivery-rate sample is taken.
@@ -114,6 +116,13 @@ struct Path {
     outstanding: VecDeque<u64>,
     largest_acked_index: Option<u64>,
     delivered: u64,
+    /// meshwire: the shortest time from sending one of this path's packets to any ACK (on any
+    /// path) covering it. Until the path's own RTT is measured, the window uses it: a path
+    /// whose ACKs are slow is acknowledged sooner through a faster path's ranges.
+    min_ack_delay: Option<Duration>,
+    /// meshwire: still growing the window by one packet per packet acknowledged (doubling per
+    /// round trip) on top of rate x min RTT, until an RTT sample shows a queue or a loss.
+    startup: bool,
     ack_history: VecDeque<(Instant, u64)>,
     /// Windowed maximum of delivery-rate samples, decreasing from front to back.
     rate_filter: VecDeque<(Instant, f64)>,
@@ -137,6 +146,8 @@ impl Path {
             outstanding: VecDeque::new(),
             largest_acked_index: None,
             delivered: 0,
+            min_ack_delay: None,
+            startup: true,
             ack_history: VecDeque::new(),
             rate_filter: VecDeque::new(),
             departure_clock: None,
@@ -484,6 +495,11 @@ impl Sender {
             return;
         }
         state.rtt.update(now.saturating_duration_since(sent_at));
+        if let (Some(latest), Some(min)) = (state.rtt.latest(), state.rtt.min()) {
+            if latest.as_secs_f64() > STARTUP_EXIT_RTT * min.as_secs_f64() {
+                state.startup = false;
+            }
+        }
         if state.state == PathState::Probing {
             state.next_probe = None;
             state.state = PathState::Active;
@@ -517,6 +533,11 @@ impl Sender {
                 .map_or(info.path_index, |largest| largest.max(info.path_index)),
         );
         if policy == Policy::Meshwire {
+            let delay = now.saturating_duration_since(info.sent_at);
+            path.min_ack_delay = Some(path.min_ack_delay.map_or(delay, |min| min.min(delay)));
+            if path.startup {
+                path.window_packets += 1.0;
+            }
             return;
         }
         // NCP: one more packet of window per ACK of a packet that was not resent, and the RTO
@@ -578,6 +599,7 @@ impl Sender {
         self.await_echo(pn, info.path, info.sent_at);
         if let Some(path) = self.paths.get_mut(&info.path) {
             path.in_flight_packets = path.in_flight_packets.saturating_sub(1);
+            path.startup = false;
         }
         if let Some(segment) = self.segments.get_mut(&info.seq) {
             segment.in_flight.retain(|&other| other != pn);
@@ -850,11 +872,17 @@ impl Sender {
 
     fn meshwire_window(&self, path: &Path) -> f64 {
         let ceiling = self.config.session_window_packets() as f64;
-        match (path.rate(), path.rtt.min()) {
-            (Some(rate), Some(min_rtt)) => (WINDOW_GAIN * rate * min_rtt.as_secs_f64())
-                .max(MIN_WINDOW_PACKETS)
-                .min(ceiling),
-            _ => path.window_packets,
+        match (path.rate(), path.rtt.min().or(path.min_ack_delay)) {
+            (Some(rate), Some(min_rtt)) => {
+                let bdp = WINDOW_GAIN * rate * min_rtt.as_secs_f64();
+                let startup = if path.startup {
+                    path.window_packets
+                } else {
+                    0.0
+                };
+                bdp.max(startup).max(MIN_WINDOW_PACKETS).min(ceiling)
+            }
+            _ => path.window_packets.min(ceiling),
         }
     }
 
