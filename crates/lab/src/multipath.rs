@@ -6,7 +6,9 @@
 //! `a -> r<i> -> b`; the hop `a -> r<i>` carries the path's spec (packets/s, latency, loss, queue),
 //! `r<i> -> b` and `b -> r<i>` follow the case's `link` (instantaneous and lossless in the NCP
 //! scenarios), and `r<i> -> a` has the path's
-//! latency without rate limit or loss, so ACKs come back over the same path's latency.
+//! latency without rate limit or loss, so ACKs come back over the same path's latency. As in
+//! NKN's emulator, the sender's writer blocks on a path for 1/rate after each datagram
+//! (`Sender::block_path_until`), unless the case sets `writer_blocks = 0`.
 //!
 //! The sans-IO session (`meshwire_proto::session`) is driven directly over raw lab UDP sockets,
 //! one datagram per packet, so the windows under test govern alone (no QUIC congestion control
@@ -72,13 +74,23 @@ pub fn run_case(
         .map(LinkFile::spec)
         .collect::<Result<_, _>>()
         .map_err(fail)?;
-    let rates: Vec<f64> = specs
+    let nominal: Vec<f64> = specs
         .iter()
         .map(|spec| match spec.rate {
-            Rate::PacketsPerSec(packets) => Ok(packets as f64 * (1.0 - spec.loss)),
+            Rate::PacketsPerSec(packets) => Ok(packets as f64),
             _ => Err(fail("paths need rate_packets_per_s".into())),
         })
         .collect::<Result<_, _>>()?;
+    let rates: Vec<f64> = nominal
+        .iter()
+        .zip(&specs)
+        .map(|(packets, spec)| packets * (1.0 - spec.loss))
+        .collect();
+    // NKN's emulator hands a packet to its rate limiter through an unbuffered channel: the
+    // writer blocks until the path takes the packet (one per 1/rate), so nothing queues in front
+    // of the bottleneck and a packet's send time excludes the wait. `writer_blocks = 0` keeps the
+    // lab link's own queue instead (a packet is stamped, then waits).
+    let writer_blocks = case.param_u64("writer_blocks", 1)? != 0;
     let initial_windows: Option<Vec<f64>> = match case.params.get("initial_windows") {
         Some(value) => Some(
             value
@@ -182,6 +194,7 @@ pub fn run_case(
         let directory = directory.clone();
         let relays = relays.clone();
         let initial_windows = initial_windows.clone();
+        let nominal = nominal.clone();
         let limit = case.duration();
         lab.client("a", move |context| async move {
             let socket = context.bind(PORT).await?;
@@ -209,7 +222,12 @@ pub fn run_case(
                     sender.finish();
                 }
                 while let Some(transmit) = sender.poll_transmit(now()) {
-                    socket.send_datagram(paths[transmit.path.0 as usize], &transmit.payload, None);
+                    let index = transmit.path.0 as usize;
+                    socket.send_datagram(paths[index], &transmit.payload, None);
+                    if writer_blocks {
+                        let busy = Duration::from_secs_f64(1.0 / nominal[index]);
+                        sender.block_path_until(transmit.path, now() + busy);
+                    }
                 }
                 if outcome.borrow().delivered >= total_bytes || clock() >= limit {
                     break;

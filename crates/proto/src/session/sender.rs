@@ -130,6 +130,8 @@ struct Path {
     departure_clock: Option<Instant>,
     next_probe: Option<Instant>,
     paused_until: Option<Instant>,
+    /// The transport takes no datagram on this path before then (a blocking writer).
+    blocked_until: Option<Instant>,
 }
 
 impl Path {
@@ -153,7 +155,12 @@ impl Path {
             departure_clock: None,
             next_probe: None,
             paused_until: None,
+            blocked_until: None,
         }
+    }
+
+    fn is_blocked(&self, now: Instant) -> bool {
+        self.blocked_until.is_some_and(|until| until > now)
     }
 
     fn rate(&self) -> Option<f64> {
@@ -174,6 +181,7 @@ impl Path {
     /// When a packet put on the path now should arrive, by the rate and departure clock.
     fn expected_arrival(&self, now: Instant) -> Instant {
         let start = self.departure_clock.map_or(now, |clock| clock.max(now));
+        let start = self.blocked_until.map_or(start, |until| until.max(start));
         let service = self
             .rate()
             .map_or(Duration::ZERO, |rate| Duration::from_secs_f64(1.0 / rate));
@@ -302,6 +310,16 @@ impl Sender {
         }
         if self.config.policy == Policy::Nkp24 {
             self.normalize_windows();
+        }
+    }
+
+    /// The transport cannot take another datagram on `path` before `until` (its writer blocks, as
+    /// NKN's link emulator's does when its queue is full). Nothing is scheduled on the path until
+    /// then, so a packet's send time excludes the wait; [`Sender::poll_timeout`] wakes the driver
+    /// when the path frees up.
+    pub fn block_path_until(&mut self, path: PathId, until: Instant) {
+        if let Some(state) = self.paths.get_mut(&path) {
+            state.blocked_until = Some(until);
         }
     }
 
@@ -658,6 +676,7 @@ impl Sender {
         for path in self.paths.values() {
             consider(path.paused_until);
             consider(path.next_probe);
+            consider(path.blocked_until);
             if self.config.policy == Policy::Meshwire {
                 consider(path.timer_start.map(|start| start + path.rto()));
             }
@@ -668,6 +687,9 @@ impl Sender {
     /// Runs the timers due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         for path in self.paths.values_mut() {
+            if path.blocked_until.is_some_and(|until| until <= now) {
+                path.blocked_until = None;
+            }
             if path.paused_until.is_some_and(|until| until <= now) {
                 path.paused_until = None;
                 path.state = PathState::Active;
@@ -776,7 +798,7 @@ impl Sender {
         for offset in 0..ids.len() {
             let id = ids[(self.round_robin + offset) % ids.len()];
             let path = &self.paths[&id];
-            if path.state == PathState::Paused {
+            if path.state == PathState::Paused || path.is_blocked(now) {
                 continue;
             }
             // NCP's connections take from the session-wide resend queue first, without waiting
@@ -814,6 +836,9 @@ impl Sender {
                 }
             });
             if let Some(&(id, _)) = best {
+                if self.paths[&id].is_blocked(now) {
+                    return None;
+                }
                 self.retransmit.remove(&seq);
                 return self.send_segment(id, Some(seq), now);
             }
@@ -826,6 +851,10 @@ impl Sender {
         let remaining = (self.pending_bytes.div_ceil(self.config.mtu_bytes)).max(1) as f64;
         for &(id, arrival) in &candidates {
             if self.worth_using(id, arrival, remaining, now) {
+                // The earliest arrival may be on a path whose writer is still busy: wait for it.
+                if self.paths[&id].is_blocked(now) {
+                    return None;
+                }
                 return self.send_segment(id, None, now);
             }
         }
