@@ -836,9 +836,6 @@ impl Sender {
                 }
             });
             if let Some(&(id, _)) = best {
-                if self.paths[&id].is_blocked(now) {
-                    return None;
-                }
                 self.retransmit.remove(&seq);
                 return self.send_segment(id, Some(seq), now);
             }
@@ -851,10 +848,6 @@ impl Sender {
         let remaining = (self.pending_bytes.div_ceil(self.config.mtu_bytes)).max(1) as f64;
         for &(id, arrival) in &candidates {
             if self.worth_using(id, arrival, remaining, now) {
-                // The earliest arrival may be on a path whose writer is still busy: wait for it.
-                if self.paths[&id].is_blocked(now) {
-                    return None;
-                }
                 return self.send_segment(id, None, now);
             }
         }
@@ -867,7 +860,10 @@ impl Sender {
             .paths
             .iter()
             .filter(|(_, path)| {
+                // A path whose writer is busy adds nothing now; the tail rule still counts it
+                // among the others, at the time it frees up.
                 path.state == PathState::Active
+                    && !path.is_blocked(now)
                     && f64::from(path.in_flight_packets) < self.meshwire_window(path)
             })
             .map(|(&id, path)| (id, path.expected_arrival(now)))
