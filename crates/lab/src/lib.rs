@@ -14,6 +14,7 @@ pub mod gossip;
 pub mod grpc_team;
 pub mod lab;
 pub mod link;
+pub mod multipath;
 pub mod scale;
 pub mod scenario;
 pub mod socket;
@@ -60,6 +61,9 @@ pub fn run_scenario(
                 }
                 ("xx-team", policy) if mode == Mode::Virtual => {
                     xx_team::run_case(case, seed, policy, &mut tick)?
+                }
+                ("multipath", policy) if mode == Mode::Virtual => {
+                    multipath::run_case(case, seed, policy, &mut tick)?
                 }
                 ("scale", "meshwire") if mode == Mode::Virtual => {
                     scale::run_case(case, seed, &mut tick)?

@@ -1,0 +1,374 @@
+//! Reproduce NKN's NCP experiments: one session striped over paths with different rates, latencies
+//! and losses, under the classic, NKP-0024 and meshwire window policies.
+//!
+//! Topology: sender `a`, receiver `b`, and one relay host `r<i>` per path (the lab's link table is
+//! per host pair, so paths with different specs need different hosts). Path `i` is
+//! `a -> r<i> -> b`; the hop `a -> r<i>` carries the path's spec (packets/s, latency, loss, queue),
+//! `r<i> -> b` and `b -> r<i>` follow the case's `link` (instantaneous and lossless in the NCP
+//! scenarios), and `r<i> -> a` has the path's
+//! latency without rate limit or loss, so ACKs come back over the same path's latency. As in
+//! NKN's emulator, the sender's writer blocks on a path for 1/rate after each datagram
+//! (`Sender::block_path_until`), unless the case sets `writer_blocks = 0`.
+//!
+//! The sans-IO session (`meshwire_proto::session`) is driven directly over raw lab UDP sockets,
+//! one datagram per packet, so the windows under test govern alone (no QUIC congestion control
+//! underneath). Workloads: `transfer` (send `mib` MiB, measure goodput) and `converge` (send
+//! without end, sample every path's in-flight packets every 10 ms, measure when the shares settle).
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use meshwire_proto::session::{Packet, PathId, Policy, Receiver, Sender, SessionConfig};
+
+use crate::lab::{clock, Lab, LabEvent};
+use crate::link::{LinkSpec, Rate};
+use crate::scenario::{round_metric, CaseFile, LinkFile, ScenarioError};
+
+const PORT: u16 = 7100;
+/// NCP's packets carry 1024 bytes; "MB" in their table is 2^20 bytes.
+const MIB: f64 = (1 << 20) as f64;
+const SAMPLE_EVERY: Duration = Duration::from_millis(10);
+/// In-flight shares are averaged over bins this long before they are compared.
+const BIN: Duration = Duration::from_millis(100);
+/// A share within this fraction of its target counts as converged.
+const TOLERANCE: f64 = 0.10;
+
+#[derive(Debug, Default)]
+struct Outcome {
+    first_write: Option<Duration>,
+    last_delivery: Option<Duration>,
+    delivered: usize,
+    /// (time, in-flight packets per path).
+    samples: Vec<(Duration, Vec<u32>)>,
+    retransmissions: u64,
+    timeouts: u64,
+}
+
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// Runs one case under `policy`.
+pub fn run_case(
+    case: &CaseFile,
+    seed: u64,
+    policy: &str,
+    progress: &mut dyn FnMut(Duration),
+) -> Result<BTreeMap<String, f64>, ScenarioError> {
+    let fail = |reason: String| ScenarioError::failed(case, reason);
+    let policy: Policy = policy
+        .parse()
+        .map_err(|e: meshwire_proto::session::SessionError| fail(e.to_string()))?;
+    let paths: Vec<LinkFile> = case
+        .params
+        .get("paths")
+        .cloned()
+        .ok_or_else(|| fail("params.paths lists the paths".into()))?
+        .try_into()
+        .map_err(|e: toml::de::Error| fail(format!("params.paths: {e}")))?;
+    let specs: Vec<LinkSpec> = paths
+        .iter()
+        .map(LinkFile::spec)
+        .collect::<Result<_, _>>()
+        .map_err(fail)?;
+    let nominal: Vec<f64> = specs
+        .iter()
+        .map(|spec| match spec.rate {
+            Rate::PacketsPerSec(packets) => Ok(packets as f64),
+            _ => Err(fail("paths need rate_packets_per_s".into())),
+        })
+        .collect::<Result<_, _>>()?;
+    let rates: Vec<f64> = nominal
+        .iter()
+        .zip(&specs)
+        .map(|(packets, spec)| packets * (1.0 - spec.loss))
+        .collect();
+    // NKN's emulator hands a packet to its rate limiter through an unbuffered channel: the
+    // writer blocks until the path takes the packet (one per 1/rate), so nothing queues in front
+    // of the bottleneck and a packet's send time excludes the wait. `writer_blocks = 0` keeps the
+    // lab link's own queue instead (a packet is stamped, then waits).
+    let writer_blocks = case.param_u64("writer_blocks", 1)? != 0;
+    let initial_windows: Option<Vec<f64>> = match case.params.get("initial_windows") {
+        Some(value) => Some(
+            value
+                .clone()
+                .try_into()
+                .map_err(|e: toml::de::Error| fail(format!("params.initial_windows: {e}")))?,
+        ),
+        None => None,
+    };
+    let workload = case.workload.as_str();
+    let total_bytes = match workload {
+        "transfer" => (case.param_u64("mib", 8)? as usize) << 20,
+        "converge" => usize::MAX,
+        other => return Err(fail(format!("unknown workload {other:?}"))),
+    };
+    let outage_path = case.param_u64("outage_path", u64::MAX)?;
+    let outage_at = Duration::from_millis(case.param_u64("outage_at_ms", 0)?);
+    let outage_length = Duration::from_millis(case.param_u64("outage_ms", 0)?);
+
+    // The case's own link is every other hop: relay to receiver, and the default.
+    let instant = case.link.spec().map_err(fail)?;
+    let mut lab = Lab::new(seed, instant, case.duration() + Duration::from_secs(1));
+    let relays: Vec<String> = (0..specs.len()).map(|index| format!("r{index}")).collect();
+    let outcome: Rc<RefCell<Outcome>> = Rc::default();
+    let directory: Rc<RefCell<BTreeMap<String, SocketAddr>>> = Rc::default();
+
+    for relay in &relays {
+        let directory = directory.clone();
+        lab.host(relay, move |context| {
+            let directory = directory.clone();
+            async move {
+                let socket = context.bind(PORT).await?;
+                let (a, b) = {
+                    let directory = directory.borrow();
+                    (directory["a"], directory["b"])
+                };
+                while let Some((datagram, from)) = socket.recv_datagram().await {
+                    let to = if from.ip() == a.ip() { b } else { a };
+                    socket.send_datagram(to, &datagram[1..], None);
+                }
+                Ok(())
+            }
+        });
+    }
+
+    let mut config = SessionConfig::new(policy);
+    // The sender keeps the session window (4 MiB) plus as much again written ahead.
+    config.send_buffer_bytes = 8 << 20;
+    {
+        let outcome = outcome.clone();
+        let directory = directory.clone();
+        let relays = relays.clone();
+        lab.host("b", move |context| {
+            let outcome = outcome.clone();
+            let directory = directory.clone();
+            let relays = relays.clone();
+            async move {
+                let socket = context.bind(PORT).await?;
+                let paths: Vec<SocketAddr> = relays.iter().map(|r| directory.borrow()[r]).collect();
+                let mut receiver = Receiver::new(config);
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let deadline = receiver.poll_timeout();
+                    tokio::select! {
+                        received = socket.recv_datagram() => {
+                            let Some((datagram, from)) = received else { return Ok(()) };
+                            let Some(index) = paths.iter().position(|p| p.ip() == from.ip()) else {
+                                continue;
+                            };
+                            let packet = Packet::decode(datagram.slice(1..), config.mtu_bytes)?;
+                            receiver.handle_packet(PathId(index as u32), packet, now())?;
+                        }
+                        _ = sleep_until(deadline) => {}
+                    }
+                    let mut read = 0;
+                    loop {
+                        let n = receiver.read(&mut buf);
+                        if n == 0 {
+                            break;
+                        }
+                        read += n;
+                    }
+                    if read > 0 {
+                        let mut outcome = outcome.borrow_mut();
+                        outcome.delivered += read;
+                        outcome.last_delivery = Some(clock());
+                    }
+                    while let Some(transmit) = receiver.poll_transmit(now()) {
+                        socket.send_datagram(
+                            paths[transmit.path.0 as usize],
+                            &transmit.payload,
+                            None,
+                        );
+                    }
+                }
+            }
+        });
+    }
+    {
+        let outcome = outcome.clone();
+        let directory = directory.clone();
+        let relays = relays.clone();
+        let initial_windows = initial_windows.clone();
+        let nominal = nominal.clone();
+        let limit = case.duration();
+        lab.client("a", move |context| async move {
+            let socket = context.bind(PORT).await?;
+            let paths: Vec<SocketAddr> = relays.iter().map(|r| directory.borrow()[r]).collect();
+            let mut sender = Sender::new(config);
+            for index in 0..paths.len() {
+                let window = initial_windows.as_ref().and_then(|w| w.get(index).copied());
+                sender.add_path(PathId(index as u32), window);
+            }
+            let mut free_at = vec![now(); paths.len()];
+            let chunk = vec![0x6e_u8; 64 * 1024];
+            let mut written = 0usize;
+            let mut next_sample = clock();
+            loop {
+                while written < total_bytes {
+                    let n = sender.write(&chunk[..chunk.len().min(total_bytes - written)]);
+                    if n == 0 {
+                        break;
+                    }
+                    if written == 0 {
+                        outcome.borrow_mut().first_write = Some(clock());
+                    }
+                    written += n;
+                }
+                if written == total_bytes {
+                    sender.finish();
+                }
+                while let Some(transmit) = sender.poll_transmit(now()) {
+                    let index = transmit.path.0 as usize;
+                    socket.send_datagram(paths[index], &transmit.payload, None);
+                    if writer_blocks {
+                        // Granted one packet per 1/rate on the path's own schedule: a wake-up that
+                        // comes late by less than one interval (timer ticks are 1 ms, a 1024
+                        // packets/s interval is 0.98 ms) does not slow the path down.
+                        let interval = Duration::from_secs_f64(1.0 / nominal[index]);
+                        let granted = free_at[index].max(now().checked_sub(interval).unwrap_or(now()));
+                        free_at[index] = granted + interval;
+                        sender.block_path_until(transmit.path, free_at[index]);
+                    }
+                }
+                if outcome.borrow().delivered >= total_bytes || clock() >= limit {
+                    break;
+                }
+                if clock() >= next_sample {
+                    let in_flight = sender.paths().map(|(_, s)| s.in_flight_packets).collect();
+                    outcome.borrow_mut().samples.push((clock(), in_flight));
+                    next_sample += SAMPLE_EVERY;
+                }
+                let sample_at = tokio::time::Instant::now() + (next_sample.saturating_sub(clock()));
+                let deadline = match sender.poll_timeout() {
+                    Some(at) => tokio::time::Instant::from_std(at).min(sample_at),
+                    None => sample_at,
+                };
+                tokio::select! {
+                    received = socket.recv_datagram() => {
+                        let Some((datagram, from)) = received else { break };
+                        let Some(index) = paths.iter().position(|p| p.ip() == from.ip()) else {
+                            continue;
+                        };
+                        if let Packet::Ack(ack) = Packet::decode(datagram.slice(1..), config.mtu_bytes)? {
+                            sender.handle_ack(PathId(index as u32), ack, now())?;
+                        }
+                    }
+                    _ = tokio::time::sleep_until(deadline) => {}
+                }
+                sender.handle_timeout(now());
+            }
+            let stats = sender.stats();
+            let mut outcome = outcome.borrow_mut();
+            outcome.retransmissions = stats.retransmissions;
+            outcome.timeouts = stats.timeouts;
+            Ok(())
+        });
+    }
+    {
+        let mut directory = directory.borrow_mut();
+        for name in relays.iter().map(String::as_str).chain(["a", "b"]) {
+            let ip = lab.ip(name).map_err(|e| fail(e.to_string()))?;
+            directory.insert(name.to_string(), SocketAddr::new(ip, PORT));
+        }
+    }
+    for (relay, spec) in relays.iter().zip(&specs) {
+        let back = LinkSpec {
+            latency: spec.latency,
+            ..instant
+        };
+        lab.link("a", relay, *spec)
+            .map_err(|e| fail(e.to_string()))?;
+        lab.link(relay, "a", back)
+            .map_err(|e| fail(e.to_string()))?;
+    }
+    if let Some(relay) = relays.get(outage_path as usize) {
+        lab.at(outage_at, LabEvent::Partition("a".into(), relay.clone()));
+        lab.at(
+            outage_at + outage_length,
+            LabEvent::Repair("a".into(), relay.clone()),
+        );
+    }
+    lab.run(case.duration() + Duration::from_secs(1), progress)
+        .map_err(|e| fail(e.to_string()))?;
+
+    let outcome = outcome.borrow();
+    let mut metrics = BTreeMap::new();
+    let ideal = rates.iter().sum::<f64>() * 1024.0 / MIB;
+    metrics.insert("ideal_mb_per_s".into(), round_metric(ideal));
+    metrics.insert("retransmissions".into(), outcome.retransmissions as f64);
+    metrics.insert("timeouts".into(), outcome.timeouts as f64);
+    if workload == "transfer" {
+        let complete = outcome.delivered >= total_bytes;
+        metrics.insert("complete".into(), f64::from(u8::from(complete)));
+        if let (true, Some(first), Some(last)) =
+            (complete, outcome.first_write, outcome.last_delivery)
+        {
+            let goodput = total_bytes as f64 / MIB / (last - first).as_secs_f64();
+            metrics.insert("goodput_mb_per_s".into(), round_metric(goodput));
+            metrics.insert("efficiency".into(), round_metric(goodput / ideal));
+            metrics.insert(
+                "transfer_s".into(),
+                round_metric((last - first).as_secs_f64()),
+            );
+        }
+    } else {
+        let from = if outage_length.is_zero() {
+            Duration::ZERO
+        } else {
+            outage_at + outage_length
+        };
+        let (converge_s, converged) = convergence(&outcome.samples, &rates, from, case.duration());
+        metrics.insert("converge_s".into(), round_metric(converge_s));
+        metrics.insert("converged".into(), f64::from(u8::from(converged)));
+    }
+    Ok(metrics)
+}
+
+async fn sleep_until(deadline: Option<std::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Seconds after `from` until every path's share of in-flight packets (averaged per 100 ms bin)
+/// stays within 10% of its share of the throughput, and whether it settled before the run ended.
+fn convergence(
+    samples: &[(Duration, Vec<u32>)],
+    rates: &[f64],
+    from: Duration,
+    end: Duration,
+) -> (f64, bool) {
+    let total_rate: f64 = rates.iter().sum();
+    let mut settled_at = from;
+    let mut bin_start = from;
+    let mut last_ok = false;
+    while bin_start + BIN <= end {
+        let mut sums = vec![0f64; rates.len()];
+        for (_, in_flight) in samples
+            .iter()
+            .filter(|(at, _)| *at >= bin_start && *at < bin_start + BIN)
+        {
+            for (sum, &packets) in sums.iter_mut().zip(in_flight) {
+                *sum += f64::from(packets);
+            }
+        }
+        let total: f64 = sums.iter().sum();
+        let ok = total > 0.0
+            && sums.iter().zip(rates).all(|(&sum, &rate)| {
+                let target = rate / total_rate;
+                (sum / total - target).abs() <= TOLERANCE * target
+            });
+        if !ok {
+            settled_at = bin_start + BIN;
+        }
+        last_ok = ok;
+        bin_start += BIN;
+    }
+    ((settled_at - from).as_secs_f64(), last_ok)
+}

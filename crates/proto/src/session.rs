@@ -1,0 +1,279 @@
+//! Carry one reliable, ordered byte stream over several paths at once, each path loaded in
+//! proportion to what it delivers.
+//!
+//! # Design
+//!
+//! NKN's NCP (`seeds/001`) stripes a session over many connections. Each connection's window grows
+//! by one per ACK and halves per timed-out packet; NKP-0024 removed the per-connection cap of 256 and
+//! rescales all windows after every change so they sum to the session window (4 MiB / 1024 B = 4096
+//! packets), so that each connection's share follows its throughput. It took about 10 s to converge,
+//! found loss only by timeout (RTO starting at 5 s), and slept 1 s after a send error.
+//!
+//! This module is the sans-IO core: a [`Sender`] and a [`Receiver`] (and an [`Endpoint`] holding
+//! one of each for a two-way session). The driver hands in datagrams with the [`PathId`] they came
+//! on and `now`, drains [`Transmit`]s, and calls `handle_timeout` at `poll_timeout`.
+//!
+//! Messages ([`codec`]): `Data` (packet number, segment sequence number, FIN, ≤ MTU payload),
+//! `Ack` (cumulative point, up to 32 selective ranges, the receiver's window end, the echoed packet
+//! number) and `Probe`. Packet numbers are never reused, so every ACK names one transmission and RTT
+//! samples are unambiguous (Karn's problem does not arise).
+//!
+//! Three window policies share the segmentation, SACK handling and receive window:
+//!
+//! * [`Policy::Classic`] — NCP before NKP-0024: window 16, +1 per ACK of a packet not resent,
+//!   halved per timed-out packet, between 1 and 256 packets.
+//! * [`Policy::Nkp24`] — NKP-0024: windows start at 4096 / n, have no cap, and are normalised to
+//!   the session window after every change.
+//!
+//!   Both baselines keep NCP's own loss recovery: per-connection RTO starting at 5 s and moved by
+//!   `tanh((3·rtt − rto) / 1 s) · 100 ms` per ACK, loss found only when a packet's RTO passes
+//!   (checked every 50 ms), a session-wide resend queue that any connection drains first and
+//!   without window, timed-out packets still counted in their connection's window until
+//!   acknowledged, receiver ACKs batched per connection every 50 ms, and a 1 s pause after a send
+//!   error.
+//! * [`Policy::Meshwire`] — per-path delivery rate (ACK arrivals over the last 16 ACKs, windowed
+//!   maximum over 2 s) and minimum RTT; window = 1.25 × rate × min RTT (one bandwidth-delay
+//!   product in flight, a quarter of headroom); until an RTT sample shows a queue (1.25 × the
+//!   minimum) or a loss, the window also grows by one per packet acknowledged from a first burst
+//!   of 64 (startup), and before its own RTT is measured a path uses the shortest delay from
+//!   sending to any ACK covering its packets (often a faster path's). Segments go to the path with the earliest expected arrival (a
+//!   departure clock advanced by 1/rate per packet, plus half the min RTT); near the end of the
+//!   data a slow path is left idle when the others would deliver the rest sooner. Loss is detected
+//!   from ACKs (3 later packets on the same path acknowledged, or 9/8 RTT older than an
+//!   acknowledged one) and retransmitted preferably on another path; RTO per RFC 6298 with a
+//!   configurable floor. A path whose RTO fires is failed: its packets are retransmitted
+//!   elsewhere and it carries only probes (at most every `max_probe_interval`) until one is
+//!   answered, then it is re-admitted with its rate estimate.
+//!
+//! Limits: the receiver accepts segments only below `next unread + window`, so buffered bytes
+//! never exceed `receive_window_bytes`; the sender holds at most `send_buffer_bytes` of written
+//! and unacknowledged data; at most 32 ranges per ACK; payloads above the MTU are rejected.
+
+pub mod codec;
+mod receiver;
+mod rtt;
+mod sender;
+#[cfg(test)]
+mod tests;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+pub use codec::{AckPacket, CodecError, DataPacket, Packet};
+pub use receiver::Receiver;
+pub use rtt::RttEstimator;
+pub use sender::{PathState, PathStats, Sender, SenderStats};
+
+/// A path as the driver names it (the wire does not carry it: a datagram's path is where it came
+/// from).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PathId(pub u32);
+
+/// How windows are sized and segments scheduled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// NCP before NKP-0024.
+    Classic,
+    /// NCP with NKP-0024's normalised windows.
+    Nkp24,
+    /// Delivery rate × min RTT windows, earliest-arrival scheduling, fast retransmit.
+    Meshwire,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = SessionError;
+
+    fn from_str(name: &str) -> Result<Self, SessionError> {
+        match name {
+            "classic" => Ok(Policy::Classic),
+            "nkp24" => Ok(Policy::Nkp24),
+            "meshwire" => Ok(Policy::Meshwire),
+            other => Err(SessionError::UnknownPolicy(other.to_string())),
+        }
+    }
+}
+
+/// Session settings; both ends must agree on `mtu_bytes` and `receive_window_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionConfig {
+    /// Window policy.
+    pub policy: Policy,
+    /// Largest segment payload (NCP's default: 1024).
+    pub mtu_bytes: usize,
+    /// Bytes the receiver buffers at most (NCP's session window: 4 MiB).
+    pub receive_window_bytes: usize,
+    /// Bytes the sender holds at most, written and not yet acknowledged.
+    pub send_buffer_bytes: usize,
+    /// Initial window of a path in packets (NCP: 16; meshwire: 64, its first burst before any
+    /// rate or RTT is known).
+    pub initial_window_packets: u32,
+    /// NCP classic's largest connection window (256).
+    pub ncp_max_window_packets: u32,
+    /// meshwire's RTO before the first RTT sample (RFC 6298: 1 s).
+    pub initial_rto: Duration,
+    /// NCP's initial RTO (5 s).
+    pub ncp_initial_rto: Duration,
+    /// Floor of the RTO.
+    pub min_rto: Duration,
+    /// Ceiling of the RTO before backoff.
+    pub max_rto: Duration,
+    /// Longest wait between probes of a failed path.
+    pub max_probe_interval: Duration,
+    /// NCP's pause after a send error (1 s).
+    pub ncp_send_error_pause: Duration,
+}
+
+impl SessionConfig {
+    /// NCP's defaults (MTU 1024 B, 4 MiB windows) under `policy`.
+    pub fn new(policy: Policy) -> Self {
+        Self {
+            policy,
+            mtu_bytes: 1024,
+            receive_window_bytes: 4 << 20,
+            send_buffer_bytes: 8 << 20,
+            initial_window_packets: match policy {
+                Policy::Classic | Policy::Nkp24 => 16,
+                // A first burst a 1 s path at 128 packets/s keeps busy until its first ACK.
+                Policy::Meshwire => 64,
+            },
+            ncp_max_window_packets: 256,
+            initial_rto: Duration::from_secs(1),
+            ncp_initial_rto: Duration::from_secs(5),
+            min_rto: Duration::from_millis(200),
+            max_rto: Duration::from_secs(60),
+            max_probe_interval: Duration::from_millis(250),
+            ncp_send_error_pause: Duration::from_secs(1),
+        }
+    }
+
+    /// Segments the receive window holds.
+    pub fn window_segments(&self) -> u64 {
+        (self.receive_window_bytes / self.mtu_bytes.max(1)).max(1) as u64
+    }
+
+    /// Packets the session may have in flight: NCP's `sendWindowSize / sendMtu`.
+    pub fn session_window_packets(&self) -> u64 {
+        self.window_segments()
+    }
+
+    fn initial_rto(&self) -> Duration {
+        match self.policy {
+            Policy::Meshwire => self.initial_rto,
+            Policy::Classic | Policy::Nkp24 => self.ncp_initial_rto,
+        }
+    }
+}
+
+/// Why a session rejected input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// The datagram is malformed.
+    #[error("malformed session packet: {0}")]
+    Codec(#[from] CodecError),
+    /// A segment beyond the advertised receive window.
+    #[error("segment {seq} is beyond the receive window ending at {window_end}")]
+    BeyondWindow {
+        /// The segment.
+        seq: u64,
+        /// The window's end.
+        window_end: u64,
+    },
+    /// A segment after the end of the stream, or a second, different end.
+    #[error("segment {seq} contradicts the end of the stream at {fin}")]
+    BeyondFin {
+        /// The segment.
+        seq: u64,
+        /// The last segment.
+        fin: u64,
+    },
+    /// An ACK for segments never sent.
+    #[error("ack up to {acked} but only {sent} segments were sent")]
+    AckBeyondSent {
+        /// Highest acknowledged (exclusive).
+        acked: u64,
+        /// Segments sent.
+        sent: u64,
+    },
+    /// A packet of a kind this half does not take (an ACK at a receiver).
+    #[error("unexpected packet kind")]
+    UnexpectedPacket,
+    /// A policy name that does not exist.
+    #[error("unknown policy {0:?} (expected classic, nkp24 or meshwire)")]
+    UnknownPolicy(String),
+}
+
+/// A datagram to send on a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    /// The path to send on.
+    pub path: PathId,
+    /// The datagram.
+    pub payload: Bytes,
+}
+
+/// Both halves of a two-way session: datagrams are routed by kind.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// What this end sends.
+    pub sender: Sender,
+    /// What this end receives.
+    pub receiver: Receiver,
+    mtu_bytes: usize,
+}
+
+impl Endpoint {
+    /// An endpoint with no paths.
+    pub fn new(config: SessionConfig) -> Self {
+        Self {
+            sender: Sender::new(config),
+            receiver: Receiver::new(config),
+            mtu_bytes: config.mtu_bytes,
+        }
+    }
+
+    /// Handles a datagram that arrived on `path`.
+    pub fn handle_datagram(
+        &mut self,
+        path: PathId,
+        datagram: Bytes,
+        now: Instant,
+    ) -> Result<(), SessionError> {
+        match Packet::decode(datagram, self.mtu_bytes)? {
+            Packet::Ack(ack) => self.sender.handle_ack(path, ack, now),
+            other => self.receiver.handle_packet(path, other, now),
+        }
+    }
+
+    /// The next datagram to send: ACKs first, then data.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        self.receiver
+            .poll_transmit(now)
+            .or_else(|| self.sender.poll_transmit(now))
+    }
+
+    /// When to call [`Endpoint::handle_timeout`] next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match (self.sender.poll_timeout(), self.receiver.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs timers due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.sender.handle_timeout(now);
+    }
+
+    /// Adds a path to both halves.
+    pub fn add_path(&mut self, path: PathId) {
+        self.sender.add_path(path, None);
+    }
+
+    /// Removes a path from both halves.
+    pub fn remove_path(&mut self, path: PathId) {
+        self.sender.remove_path(path);
+        self.receiver.remove_path(path);
+    }
+}

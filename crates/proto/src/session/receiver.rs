@@ -1,0 +1,300 @@
+//! Reassemble the stream from segments arriving on any path, acknowledge them, bound memory.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::codec::{AckPacket, DataPacket, Packet, MAX_ACK_RANGES};
+use super::{PathId, Policy, SessionConfig, SessionError, Transmit};
+
+/// NCP's receiver acknowledges each connection's segments in a batch every 50 ms (`SendAckInterval`).
+pub const NCP_ACK_INTERVAL: Duration = Duration::from_millis(50);
+
+/// The receiving half of a session.
+///
+/// Segments are accepted only below `next_read_seq + window_segments`, so the bytes held (received
+/// and not yet read by the application) never exceed the receive window.
+#[derive(Debug)]
+pub struct Receiver {
+    config: SessionConfig,
+    window_segments: u64,
+    /// Every segment below this was read by the application.
+    next_read_seq: u64,
+    /// Bytes of the first unread segment already read.
+    read_offset: usize,
+    /// Received, unread segments.
+    buffered: BTreeMap<u64, Bytes>,
+    buffered_bytes: usize,
+    /// Every segment below this arrived.
+    contiguous_end: u64,
+    /// Received ranges above `contiguous_end`: start to exclusive end.
+    above: BTreeMap<u64, u64>,
+    fin_seq: Option<u64>,
+    /// meshwire: ACKs owed, one per arrival (path, echo).
+    owed: Vec<(PathId, Option<u64>)>,
+    /// NCP: per path, segments not yet acknowledged, and when the next batch goes.
+    batches: BTreeMap<PathId, (BTreeSet<u64>, Option<Instant>)>,
+    /// The window end last advertised, to decide when reading deserves a window update.
+    advertised_window_end: u64,
+    paths: BTreeSet<PathId>,
+    duplicates: u64,
+}
+
+impl Receiver {
+    /// A receiver expecting segment 0.
+    pub fn new(config: SessionConfig) -> Self {
+        let window_segments = config.window_segments();
+        Self {
+            config,
+            window_segments,
+            next_read_seq: 0,
+            read_offset: 0,
+            buffered: BTreeMap::new(),
+            buffered_bytes: 0,
+            contiguous_end: 0,
+            above: BTreeMap::new(),
+            fin_seq: None,
+            owed: Vec::new(),
+            batches: BTreeMap::new(),
+            advertised_window_end: window_segments,
+            paths: BTreeSet::new(),
+            duplicates: 0,
+        }
+    }
+
+    fn window_end(&self) -> u64 {
+        self.next_read_seq + self.window_segments
+    }
+
+    /// Handles a decoded data segment or probe that arrived on `path`.
+    pub fn handle_packet(
+        &mut self,
+        path: PathId,
+        packet: Packet,
+        now: Instant,
+    ) -> Result<(), SessionError> {
+        self.paths.insert(path);
+        match packet {
+            Packet::Probe { packet_number } => {
+                self.owed.push((path, Some(packet_number)));
+                Ok(())
+            }
+            Packet::Data(data) => self.handle_data(path, data, now),
+            Packet::Ack(_) => Err(SessionError::UnexpectedPacket),
+        }
+    }
+
+    fn handle_data(
+        &mut self,
+        path: PathId,
+        data: DataPacket,
+        now: Instant,
+    ) -> Result<(), SessionError> {
+        let seq = data.seq;
+        if seq >= self.window_end() {
+            return Err(SessionError::BeyondWindow {
+                seq,
+                window_end: self.window_end(),
+            });
+        }
+        if let Some(fin) = self.fin_seq {
+            if seq > fin || (data.fin && seq != fin) {
+                return Err(SessionError::BeyondFin { seq, fin });
+            }
+        }
+        if data.fin {
+            self.fin_seq = Some(seq);
+        }
+        let fresh = seq >= self.contiguous_end && !self.in_above(seq);
+        if fresh {
+            self.buffered_bytes += data.payload.len();
+            self.buffered.insert(seq, data.payload);
+            self.mark_received(seq);
+        } else {
+            self.duplicates += 1;
+        }
+        match self.config.policy {
+            Policy::Meshwire => self.owed.push((path, Some(data.packet_number))),
+            Policy::Classic | Policy::Nkp24 => {
+                let (pending, due) = self.batches.entry(path).or_default();
+                pending.insert(seq);
+                due.get_or_insert(now + NCP_ACK_INTERVAL);
+            }
+        }
+        Ok(())
+    }
+
+    fn in_above(&self, seq: u64) -> bool {
+        self.above
+            .range(..=seq)
+            .next_back()
+            .is_some_and(|(_, &end)| seq < end)
+    }
+
+    fn mark_received(&mut self, seq: u64) {
+        let mut start = seq;
+        let mut end = seq + 1;
+        if let Some((&before, &before_end)) = self.above.range(..seq).next_back() {
+            if before_end == seq {
+                start = before;
+                self.above.remove(&before);
+            }
+        }
+        if let Some(after_end) = self.above.remove(&end) {
+            end = after_end;
+        }
+        if start == self.contiguous_end {
+            self.contiguous_end = end;
+        } else {
+            self.above.insert(start, end);
+        }
+    }
+
+    fn ack(&self, echo: Option<u64>, pending: Option<&BTreeSet<u64>>) -> AckPacket {
+        let ranges: Vec<(u64, u64)> = match pending {
+            // NCP acknowledges the segments this connection carried, coalesced into ranges.
+            Some(pending) => {
+                let mut ranges: Vec<(u64, u64)> = Vec::new();
+                for &seq in pending.range(self.contiguous_end + 1..) {
+                    if let Some(last) = ranges.last_mut().filter(|last| last.1 == seq) {
+                        last.1 += 1;
+                    } else if ranges.len() == MAX_ACK_RANGES {
+                        break;
+                    } else {
+                        ranges.push((seq, seq + 1));
+                    }
+                }
+                ranges
+            }
+            // The lowest holes matter for retransmission, the highest ranges for progress.
+            None if self.above.len() <= MAX_ACK_RANGES => {
+                self.above.iter().map(|(&s, &e)| (s, e)).collect()
+            }
+            None => {
+                let half = MAX_ACK_RANGES / 2;
+                let low = self.above.iter().take(half);
+                let high = self.above.iter().skip(self.above.len() - half);
+                low.chain(high).map(|(&s, &e)| (s, e)).collect()
+            }
+        };
+        AckPacket {
+            echo,
+            cumulative: self.contiguous_end,
+            window_end: self.window_end(),
+            ranges,
+        }
+    }
+
+    /// The next ACK to send, if one is owed now.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        if let Some((path, echo)) = self.owed.pop() {
+            self.advertised_window_end = self.window_end();
+            return Some(Transmit {
+                path,
+                payload: Packet::Ack(self.ack(echo, None)).encode(),
+            });
+        }
+        let path = self
+            .batches
+            .iter()
+            .find(|(_, (_, due))| due.is_some_and(|due| due <= now))
+            .map(|(&path, _)| path)?;
+        let (pending, due) = self.batches.remove(&path)?;
+        let ack = self.ack(None, Some(&pending));
+        // NCP sends at most MaxAckSeqListSize ranges per batch; the rest waits for the next.
+        let mut rest: BTreeSet<u64> = pending
+            .into_iter()
+            .filter(|&seq| {
+                seq > self.contiguous_end
+                    && !ack
+                        .ranges
+                        .iter()
+                        .any(|&(start, end)| (start..end).contains(&seq))
+            })
+            .collect();
+        if !rest.is_empty() {
+            let next = due.map(|due| due + NCP_ACK_INTERVAL);
+            self.batches.insert(path, (std::mem::take(&mut rest), next));
+        }
+        self.advertised_window_end = self.window_end();
+        Some(Transmit {
+            path,
+            payload: Packet::Ack(ack).encode(),
+        })
+    }
+
+    /// When the receiver next needs [`Receiver::poll_transmit`] called without new input.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.batches.values().filter_map(|(_, due)| *due).min()
+    }
+
+    /// Copies in-order bytes into `out`; returns how many.
+    pub fn read(&mut self, out: &mut [u8]) -> usize {
+        let mut written = 0;
+        while written < out.len() {
+            let Some(chunk) = self.read_chunk(out.len() - written) else {
+                break;
+            };
+            out[written..written + chunk.len()].copy_from_slice(&chunk);
+            written += chunk.len();
+        }
+        written
+    }
+
+    /// The next in-order bytes, at most `max` of them, without copying.
+    pub fn read_chunk(&mut self, max: usize) -> Option<Bytes> {
+        loop {
+            let segment = self.buffered.get(&self.next_read_seq)?;
+            let rest = segment.slice(self.read_offset..);
+            if rest.is_empty() {
+                self.advance_read();
+                continue;
+            }
+            let taken = rest.slice(..rest.len().min(max));
+            self.read_offset += taken.len();
+            self.buffered_bytes -= taken.len();
+            if self.read_offset == segment.len() {
+                self.advance_read();
+            }
+            return Some(taken);
+        }
+    }
+
+    fn advance_read(&mut self) {
+        self.buffered.remove(&self.next_read_seq);
+        self.next_read_seq += 1;
+        self.read_offset = 0;
+        // Tell the sender about the space once a quarter of the window has opened, on every path
+        // that carried data (one of them is bound to work).
+        if self.window_end() >= self.advertised_window_end + self.window_segments / 4 {
+            self.advertised_window_end = self.window_end();
+            for &path in &self.paths {
+                self.owed.push((path, None));
+            }
+        }
+    }
+
+    /// The stream ended and every byte was read.
+    pub fn is_finished(&self) -> bool {
+        self.fin_seq
+            .is_some_and(|fin| self.next_read_seq > fin && self.buffered.is_empty())
+    }
+
+    /// Bytes received and not yet read: never more than [`SessionConfig::receive_window_bytes`].
+    pub fn buffered_bytes(&self) -> usize {
+        self.buffered_bytes
+    }
+
+    /// Segments that arrived more than once.
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates
+    }
+
+    /// Forgets a path: no further window updates go to it.
+    pub fn remove_path(&mut self, path: PathId) {
+        self.paths.remove(&path);
+        self.batches.remove(&path);
+        self.owed.retain(|&(owed, _)| owed != path);
+    }
+}
