@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate docs/RESULTS.md: every lab scenario (virtual time, plus the real-time calibration
-# cross-check), then the criterion benchmarks with their allocation counts.
+# cross-check), then the criterion benchmarks with their allocation counts, then the HTTP
+# benchmark (bench/http.sh, needs wrk).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,4 +36,35 @@ print("node memory peak ~1,800 -> ~900 MB. Target: <= 100 ns and <= 1 allocation
 print("1 MiB, >= 100x faster than the naive baseline.")
 PY
 rm -f "$alloc_log"
+
+# The HTTP benchmark of `meshwire node` (bench/http.sh, needs wrk): key lines into the page.
+http_log=$(mktemp)
+if bash bench/http.sh 10 >"$http_log" 2>&1; then
+  python3 - "$http_log" >>docs/RESULTS.md <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+runs = text.split("== ")[1:]
+def field(run, pattern):
+    m = re.search(pattern, run)
+    return m[1] if m else "n/a"
+print("\n## HTTP API (bench/http.sh)\n")
+print("`bash bench/http.sh 10`: a release `meshwire node` alone on loopback (replication 1, so a GET is")
+print("a quorum read of one local replica), load from `wrk` on the same 2-core machine.\n")
+print("| run | requests/s | latency p50 | latency p99 | node peak RSS (VmHWM) |")
+print("|---|---|---|---|---|")
+for run in runs:
+    name = run.splitlines()[0].split(":")[0]
+    rps = field(run, r"Requests/sec:\s*([\d.]+)")
+    p50 = field(run, r"50%\s+(\S+)")
+    p99 = field(run, r"99%\s+(\S+)")
+    rss = field(run, r"VmHWM[^:]*:\s*(\d+ kB)")
+    print(f"| {name} | {rps} | {p50} | {p99} | {rss} |")
+print("\nTargets (issue 7): 4 KiB GET >= 20,000 requests/s and p99 <= 2 ms; 250 clients on a 5 MB")
+print("object: node peak RSS <= 150 MB. Seed (seeds/002, Zold, ApacheBench -c 10 over the internet,")
+print("not loopback): 52 requests/s, p50 176 ms, p99 361 ms.")
+PY
+else
+  printf '\n## HTTP API (bench/http.sh)\n\nNot run: bench/http.sh failed:\n\n```\n%s\n```\n' "$(tail -5 "$http_log")" >>docs/RESULTS.md
+fi
+rm -f "$http_log"
 echo "wrote docs/RESULTS.md" >&2
