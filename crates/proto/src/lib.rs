@@ -1,5 +1,5 @@
 //! Run meshwire's protocols as pure state machines: wire codec, identities, reconnect policy and
-//! multipath sessions.
+//! multipath sessions with their route headers.
 //!
 //! Nothing in this crate touches a socket, reads a clock or draws from a global random number
 //! generator. Time arrives as `now` arguments and randomness as an injected [`rand::RngCore`], so the
@@ -7,6 +7,7 @@
 
 pub mod backoff;
 pub mod peer_id;
+pub mod route;
 pub mod session;
 pub mod wire;
 
