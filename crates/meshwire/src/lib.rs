@@ -24,13 +24,16 @@
 pub struct ReadmeDoctests;
 
 mod config;
+mod datagram;
 mod framing;
 mod identity;
 mod metrics;
 mod node;
+pub mod session;
 pub mod tls;
 
 pub use config::{ConfigError, Congestion, NodeConfig, QueueLimits, TransportSettings};
+pub use datagram::{DatagramError, InboundDatagram};
 pub use identity::{IdentityError, Keypair, IDENTITY_FILE};
 pub use meshwire_proto::backoff::Backoff;
 pub use meshwire_proto::wire::{Limits, ProtocolId};

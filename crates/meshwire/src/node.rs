@@ -48,6 +48,7 @@ use tokio::sync::{broadcast, mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::config::{ConfigError, NodeConfig};
+use crate::datagram::{self, DatagramError, DatagramInbox, InboundDatagram};
 use crate::framing::{read_frame, wire_error_label, ReadFrameError};
 use crate::metrics::Metrics;
 use crate::tls::{self, TlsError, TlsIdentity};
@@ -397,6 +398,7 @@ struct Inner {
     next_message_id: AtomicU64,
     shutdown: watch::Sender<bool>,
     rng: Mutex<SmallRng>,
+    datagrams: Arc<DatagramInbox>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -489,6 +491,7 @@ impl Node {
             next_message_id: AtomicU64::new(0),
             shutdown: watch::Sender::new(false),
             rng: Mutex::new(rng),
+            datagrams: Arc::default(),
             config,
         });
         tokio::spawn(inner.clone().accept_loop());
@@ -706,6 +709,28 @@ impl Node {
         result
     }
 
+    /// Queues an unreliable QUIC datagram for `peer`. Refuses, rather than letting quinn drop an
+    /// older queued datagram, when the connection's datagram buffer is full.
+    pub fn send_datagram(&self, peer: PeerId, payload: Bytes) -> Result<(), DatagramError> {
+        let (connection, _) = self
+            .inner
+            .current(peer)
+            .ok_or(DatagramError::NotConnected(peer))?;
+        datagram::send(&connection, payload)
+    }
+
+    /// Receives every datagram peers send to this node, replacing any earlier subscriber. At most
+    /// `capacity` wait; beyond that (or with no subscriber) arrivals are dropped and counted in
+    /// [`Node::datagrams_dropped`].
+    pub fn subscribe_datagrams(&self, capacity: usize) -> mpsc::Receiver<InboundDatagram> {
+        self.inner.datagrams.subscribe(capacity)
+    }
+
+    /// Inbound datagrams dropped for want of a subscriber or of room in its queue.
+    pub fn datagrams_dropped(&self) -> u64 {
+        self.inner.datagrams.dropped()
+    }
+
     /// Closes every connection, stops every task and waits (at most a second) for peers to
     /// acknowledge the close.
     pub async fn close(&self) {
@@ -865,6 +890,11 @@ impl Inner {
             address: connection.remote_address(),
             direction,
         });
+        tokio::spawn(
+            self.datagrams
+                .clone()
+                .receive_loop(connection.clone(), remote),
+        );
         tokio::spawn(self.clone().connection_loop(connection, remote));
         true
     }
