@@ -43,6 +43,8 @@ pub struct TransferPlan {
     pub inject_malformed: bool,
     /// Window policy.
     pub policy: Policy,
+    /// QUIC congestion controller of every node.
+    pub congestion: meshwire::Congestion,
     /// Virtual time limit.
     pub limit: Duration,
 }
@@ -92,6 +94,15 @@ fn settings(policy: Policy) -> SessionSettings {
     settings
 }
 
+fn node_config(
+    context: &crate::HostContext,
+    congestion: meshwire::Congestion,
+) -> meshwire::NodeConfig {
+    let mut config = context.node_config();
+    config.transport.congestion = congestion;
+    config
+}
+
 /// Adds a relay path, waiting while the relay has not reached the other end yet.
 async fn add_relay(
     session: &meshwire::session::Session,
@@ -126,12 +137,14 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
     let expected = sha256(&pattern(plan.bytes));
     {
         let board = board.clone();
-        let policy = plan.policy;
+        let (policy, congestion) = (plan.policy, plan.congestion);
         lab.host("b", move |context| {
             let board = board.clone();
             let expected = expected.clone();
             async move {
-                let (node, _) = context.start_node(context.node_config()).await?;
+                let (node, _) = context
+                    .start_node(node_config(&context, congestion))
+                    .await?;
                 let host = SessionHost::new(&node, settings(policy));
                 board.borrow_mut().receiver = Some(host.clone());
                 let mut incoming = host.incoming();
@@ -166,11 +179,13 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
     let b_address = lab.node_address("b")?;
     if plan.relay.is_some() {
         let board = board.clone();
-        let policy = plan.policy;
+        let (policy, congestion) = (plan.policy, plan.congestion);
         lab.host("r", move |context| {
             let board = board.clone();
             async move {
-                let (node, _) = context.start_node(context.node_config()).await?;
+                let (node, _) = context
+                    .start_node(node_config(&context, congestion))
+                    .await?;
                 let host = SessionHost::new(&node, settings(policy));
                 board.borrow_mut().relay = Some(host);
                 node.connect(b_address, b).await?;
@@ -187,8 +202,11 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
     {
         let board = board.clone();
         let plan = plan.clone();
+        let congestion = plan.congestion;
         lab.client("a", move |context| async move {
-            let (node, _) = context.start_node(context.node_config()).await?;
+            let (node, _) = context
+                .start_node(node_config(&context, congestion))
+                .await?;
             node.connect(b_address, b).await?;
             if let Some((r, address)) = relay {
                 node.connect(address, r).await?;
@@ -321,6 +339,21 @@ pub fn run_case(
     let direct = link(case, "direct")?
         .ok_or_else(|| ScenarioError::failed(case, "params.direct (a link) is required"))?;
     let relay = link(case, "relay")?;
+    let congestion = match case
+        .params
+        .get("congestion")
+        .and_then(|value| value.as_str())
+    {
+        None | Some("cubic") => meshwire::Congestion::Cubic,
+        Some("bbr") => meshwire::Congestion::Bbr,
+        Some("newreno") => meshwire::Congestion::NewReno,
+        Some(other) => {
+            return Err(ScenarioError::failed(
+                case,
+                format!("unknown congestion {other:?} (cubic, bbr or newreno)"),
+            ))
+        }
+    };
     let outage = match case.param_u64("outage_path", u64::MAX)? {
         u64::MAX => None,
         path => Some((
@@ -336,6 +369,7 @@ pub fn run_case(
         outage,
         inject_malformed: false,
         policy,
+        congestion,
         limit: case.duration(),
     };
     let outcome = run_transfer(seed, &plan)

@@ -24,6 +24,7 @@ fn plan() -> TransferPlan {
         outage: None,
         inject_malformed: false,
         policy: Policy::Meshwire,
+        congestion: meshwire::Congestion::Cubic,
         limit: Duration::from_secs(20),
     }
 }
