@@ -17,6 +17,7 @@ pub mod link;
 pub mod multipath;
 pub mod scale;
 pub mod scenario;
+pub mod session;
 pub mod socket;
 pub mod xx_team;
 pub mod zold;
@@ -64,6 +65,9 @@ pub fn run_scenario(
                 }
                 ("multipath", policy) if mode == Mode::Virtual => {
                     multipath::run_case(case, seed, policy, &mut tick)?
+                }
+                ("session", policy) if mode == Mode::Virtual => {
+                    session::run_case(case, seed, policy)?
                 }
                 ("scale", "meshwire") if mode == Mode::Virtual => {
                     scale::run_case(case, seed, &mut tick)?

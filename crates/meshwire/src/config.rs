@@ -57,6 +57,9 @@ pub struct TransportSettings {
     pub max_concurrent_requests: u32,
     /// Concurrent one-way streams a peer may have open against this node.
     pub max_concurrent_uni_streams: u32,
+    /// Bytes of QUIC datagrams buffered per connection in each direction (sent and waiting for
+    /// the congestion controller; received and not yet read).
+    pub datagram_buffer_bytes: usize,
 }
 
 impl Default for TransportSettings {
@@ -72,6 +75,7 @@ impl Default for TransportSettings {
             mtu_discovery: true,
             max_concurrent_requests: 256,
             max_concurrent_uni_streams: 32,
+            datagram_buffer_bytes: 1 << 20,
         }
     }
 }
@@ -101,7 +105,9 @@ impl TransportSettings {
             .initial_mtu(self.initial_mtu)
             .min_mtu(self.initial_mtu.min(1200))
             .max_concurrent_bidi_streams(self.max_concurrent_requests.into())
-            .max_concurrent_uni_streams(self.max_concurrent_uni_streams.into());
+            .max_concurrent_uni_streams(self.max_concurrent_uni_streams.into())
+            .datagram_receive_buffer_size(Some(self.datagram_buffer_bytes))
+            .datagram_send_buffer_size(self.datagram_buffer_bytes);
         if !self.mtu_discovery {
             config.mtu_discovery_config(None);
         }
@@ -213,6 +219,11 @@ impl NodeConfig {
         if transport.keep_alive.is_zero() || transport.idle_timeout < 3 * transport.keep_alive {
             return Err(ConfigError::Invalid(
                 "idle timeout must be at least three keep-alive intervals",
+            ));
+        }
+        if transport.datagram_buffer_bytes < usize::from(transport.initial_mtu) {
+            return Err(ConfigError::Invalid(
+                "the datagram buffers must hold at least one datagram",
             ));
         }
         if transport.initial_mtu < 1200 {

@@ -24,15 +24,18 @@
 pub struct ReadmeDoctests;
 
 mod config;
+mod datagram;
 mod framing;
 pub mod gossip;
 mod identity;
 mod metrics;
 mod node;
 pub mod pipeline;
+pub mod session;
 pub mod tls;
 
 pub use config::{ConfigError, Congestion, NodeConfig, QueueLimits, TransportSettings};
+pub use datagram::{DatagramError, InboundDatagram};
 pub use gossip::{
     Delivered, GossipService, GossipServiceError, GossipSettings, GossipValidator, GOSSIP_PROTOCOL,
 };

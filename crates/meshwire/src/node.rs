@@ -48,6 +48,7 @@ use tokio::sync::{broadcast, mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::config::{ConfigError, NodeConfig};
+use crate::datagram::{self, DatagramError, DatagramInbox, InboundDatagram};
 use crate::framing::{read_frame, read_frame_after, wire_error_label, ReadFrameError};
 use crate::metrics::Metrics;
 use crate::tls::{self, TlsError, TlsIdentity};
@@ -405,6 +406,7 @@ struct Inner {
     shutdown: watch::Sender<bool>,
     rng: Mutex<SmallRng>,
     batches: batch::BatchService,
+    datagrams: Arc<DatagramInbox>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -499,6 +501,7 @@ impl Node {
             shutdown: watch::Sender::new(false),
             rng: Mutex::new(rng),
             batches,
+            datagrams: Arc::default(),
             config,
         });
         tokio::spawn(inner.clone().accept_loop());
@@ -729,6 +732,28 @@ impl Node {
         true
     }
 
+    /// Queues an unreliable QUIC datagram for `peer`. Refuses, rather than letting quinn drop an
+    /// older queued datagram, when the connection's datagram buffer is full.
+    pub fn send_datagram(&self, peer: PeerId, payload: Bytes) -> Result<(), DatagramError> {
+        let (connection, _) = self
+            .inner
+            .current(peer)
+            .ok_or(DatagramError::NotConnected(peer))?;
+        datagram::send(&connection, payload)
+    }
+
+    /// Receives every datagram peers send to this node, replacing any earlier subscriber. At most
+    /// `capacity` wait; beyond that (or with no subscriber) arrivals are dropped and counted in
+    /// [`Node::datagrams_dropped`].
+    pub fn subscribe_datagrams(&self, capacity: usize) -> mpsc::Receiver<InboundDatagram> {
+        self.inner.datagrams.subscribe(capacity)
+    }
+
+    /// Inbound datagrams dropped for want of a subscriber or of room in its queue.
+    pub fn datagrams_dropped(&self) -> u64 {
+        self.inner.datagrams.dropped()
+    }
+
     /// Closes every connection, stops every task and waits (at most a second) for peers to
     /// acknowledge the close.
     pub async fn close(&self) {
@@ -888,6 +913,11 @@ impl Inner {
             address: connection.remote_address(),
             direction,
         });
+        tokio::spawn(
+            self.datagrams
+                .clone()
+                .receive_loop(connection.clone(), remote),
+        );
         tokio::spawn(self.clone().connection_loop(connection, remote));
         true
     }

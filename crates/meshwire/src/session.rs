@@ -1,0 +1,858 @@
+//! A reliable, ordered byte session between two nodes over several paths, direct or through relay
+//! peers, carried in QUIC datagrams and driven by [`meshwire_proto::session::Endpoint`].
+//!
+//! A [`SessionHost`] owns a node's inbound datagrams. It routes each one by its
+//! [`RouteHeader`] to a local [`Session`], or — for a path this node agreed to relay — forwards it
+//! to the other end. A [`Session`] is `AsyncRead + AsyncWrite`; its paths are added and removed
+//! while it runs ([`Session::add_direct_path`], [`Session::add_relay_path`],
+//! [`Session::remove_path`]). The end that accepts a session learns its paths from the datagrams
+//! that arrive and answers on the path each came from.
+//!
+//! The session's own windows govern what is in flight: every datagram the session hands to quinn
+//! is either queued or refused ([`crate::DatagramError::BufferFull`]), and a refused one is handed
+//! back to the session as a send error (meshwire's policy resends it, preferably on another path).
+//!
+//! Relays: a node forwards only (session, path) pairs it agreed to in a [`RelayRequest`], only
+//! between the two ends named there, only to a peer it is already connected to, one datagram out
+//! of the same length per datagram in (no amplification), within a per-path token bucket, for at
+//! most [`RelayLimits::max_paths`] paths at once; an agreement idle for [`RelayLimits::idle`] is
+//! forgotten. Everything refused is counted in [`HostStats`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use meshwire_proto::route::{
+    RelayOp, RelayReply, RelayRequest, Route, RouteError, RouteHeader, RELAYED_HEADER_LEN,
+};
+use meshwire_proto::session::{Endpoint, PathId, Policy, SessionConfig, SessionError};
+use meshwire_proto::wire::ProtocolId;
+use meshwire_proto::PeerId;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
+
+use crate::datagram::{DatagramError, InboundDatagram};
+use crate::node::{HandlerError, Node, RequestError};
+
+/// The request protocol relays answer on.
+pub const RELAY_PROTOCOL: ProtocolId = ProtocolId(0x6d77_7201);
+
+/// Why a session operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionHostError {
+    /// A datagram's route header is malformed.
+    #[error("malformed route header: {0}")]
+    Route(#[from] RouteError),
+    /// A session rejected the packet behind the header.
+    #[error("session rejected the packet: {0}")]
+    Session(#[from] SessionError),
+    /// A relay datagram for a path this node does not relay, or from a peer not in the agreement.
+    #[error("no relay agreement for session {session:#x} path {path} from {from}")]
+    NotRelayed {
+        /// Session.
+        session: u64,
+        /// Path.
+        path: u32,
+        /// Sender.
+        from: PeerId,
+    },
+    /// A datagram for a session this node does not know and does not accept.
+    #[error("unknown session {0:#x}")]
+    UnknownSession(u64),
+    /// The relay refused to relay the path.
+    #[error("relay refused: {0:?}")]
+    RelayRefused(RelayReply),
+    /// The relay request failed.
+    #[error("relay request failed: {0}")]
+    Request(#[from] RequestError),
+    /// The path id is already in use.
+    #[error("path {0:?} already exists")]
+    PathExists(PathId),
+    /// The host has as many sessions as it allows.
+    #[error("too many sessions")]
+    TooManySessions,
+}
+
+/// Bounds on what a node relays for others.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RelayLimits {
+    /// Paths relayed at once (0: this node relays nothing).
+    pub max_paths: usize,
+    /// Bytes per second one relayed path may carry (both directions together).
+    pub bytes_per_sec: u64,
+    /// Bytes a relayed path may send in one burst.
+    pub burst_bytes: u64,
+    /// An agreement unused this long is forgotten.
+    pub idle: Duration,
+}
+
+impl Default for RelayLimits {
+    fn default() -> Self {
+        Self {
+            max_paths: 64,
+            bytes_per_sec: 12_500_000,
+            burst_bytes: 1 << 20,
+            idle: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Settings of a node's sessions.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionSettings {
+    /// The sans-IO session's settings; meshwire's window policy by default.
+    pub session: SessionConfig,
+    /// Sessions open at once (opened and accepted).
+    pub max_sessions: usize,
+    /// Datagrams queued for one session before arrivals are dropped (and counted).
+    pub session_queue: usize,
+    /// Datagrams queued for the host's router.
+    pub inbound_queue: usize,
+    /// Accepted sessions waiting for [`SessionHost::accept`].
+    pub accept_queue: usize,
+    /// What this node relays for others.
+    pub relay: RelayLimits,
+    /// How long a dropped session keeps delivering what was written before it gives up.
+    pub linger: Duration,
+}
+
+impl Default for SessionSettings {
+    fn default() -> Self {
+        let mut session = SessionConfig::new(Policy::Meshwire);
+        // Route header (≤ 45 B) + data header (18 B) + 1024 B fit the lab's 1200-byte QUIC MTU.
+        session.mtu_bytes = 1024;
+        Self {
+            session,
+            max_sessions: 256,
+            session_queue: 4096,
+            inbound_queue: 8192,
+            accept_queue: 16,
+            relay: RelayLimits::default(),
+            linger: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Counters of a host: what it routed, relayed and refused.
+#[derive(Debug, Default)]
+pub struct HostStats {
+    /// Datagrams with a malformed route header.
+    pub malformed: AtomicU64,
+    /// Datagrams for sessions this node neither has nor accepts.
+    pub unknown_session: AtomicU64,
+    /// Datagrams dropped because a session's queue was full.
+    pub session_queue_full: AtomicU64,
+    /// Datagrams forwarded as a relay.
+    pub relayed_datagrams: AtomicU64,
+    /// Bytes forwarded as a relay (equal to the bytes received for forwarding).
+    pub relayed_bytes: AtomicU64,
+    /// Relay datagrams refused: no agreement, or a sender outside it.
+    pub relay_refused: AtomicU64,
+    /// Relay datagrams dropped by the per-path token bucket.
+    pub relay_rate_limited: AtomicU64,
+    /// Relay datagrams the onward connection did not take.
+    pub relay_send_failed: AtomicU64,
+}
+
+/// A snapshot of one session's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    /// Datagrams handed to quinn.
+    pub datagrams_sent: u64,
+    /// Datagrams received.
+    pub datagrams_received: u64,
+    /// Received packets the session rejected (malformed or out of bounds).
+    pub rejected: u64,
+    /// Datagrams quinn refused because its datagram buffer was full.
+    pub send_buffer_full: u64,
+    /// Datagrams that could not be sent for another reason (no connection, no relay).
+    pub send_failed: u64,
+    /// Datagrams that arrived on a path this end removed.
+    pub unknown_path: u64,
+}
+
+/// How a path reaches the other end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// A direct connection.
+    Direct,
+    /// Through this relay peer.
+    Relay(PeerId),
+}
+
+struct Arrival {
+    path: PathId,
+    via: Via,
+    packet: Bytes,
+}
+
+struct RelayEntry {
+    ends: (PeerId, PeerId),
+    tokens: f64,
+    refilled: Instant,
+    last_used: Instant,
+}
+
+struct HostInner {
+    node: Node,
+    settings: SessionSettings,
+    sessions: Mutex<HashMap<(PeerId, u64), mpsc::Sender<Arrival>>>,
+    relays: Mutex<HashMap<(u64, u32), RelayEntry>>,
+    accept_tx: Mutex<Option<mpsc::Sender<Session>>>,
+    rng: Mutex<SmallRng>,
+    stats: HostStats,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A node's sessions and relays. Takes over the node's datagram subscription.
+#[derive(Clone)]
+pub struct SessionHost {
+    inner: Arc<HostInner>,
+}
+
+impl std::fmt::Debug for SessionHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHost")
+            .field("node", &self.inner.node.peer_id())
+            .finish()
+    }
+}
+
+impl SessionHost {
+    /// Starts routing `node`'s datagrams and answering relay requests. Must run inside a tokio
+    /// runtime.
+    pub fn new(node: &Node, settings: SessionSettings) -> Self {
+        let datagrams = node.subscribe_datagrams(settings.inbound_queue);
+        let rng = match node.config().rng_seed {
+            Some(seed) => SmallRng::seed_from_u64(seed ^ 0x5e55_1011),
+            None => SmallRng::from_os_rng(),
+        };
+        let inner = Arc::new(HostInner {
+            node: node.clone(),
+            settings,
+            sessions: Mutex::default(),
+            relays: Mutex::default(),
+            accept_tx: Mutex::default(),
+            rng: Mutex::new(rng),
+            stats: HostStats::default(),
+        });
+        tokio::spawn(route_loop(Arc::downgrade(&inner), datagrams));
+        let weak = Arc::downgrade(&inner);
+        node.handle(RELAY_PROTOCOL, move |from, body| {
+            let host = weak.upgrade();
+            async move {
+                let host = host.ok_or_else(|| HandlerError("host stopped".into()))?;
+                let request =
+                    RelayRequest::decode(&body).map_err(|error| HandlerError(error.to_string()))?;
+                Ok(host.relay_request(from, request).encode())
+            }
+        });
+        Self { inner }
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &HostStats {
+        &self.inner.stats
+    }
+
+    /// Relay agreements in force.
+    pub fn relayed_paths(&self) -> usize {
+        lock(&self.inner.relays).len()
+    }
+
+    /// Opens a session to `peer` with no paths yet; add them with the `add_*_path` methods.
+    pub fn open(&self, peer: PeerId) -> Result<Session, SessionHostError> {
+        let id = lock(&self.inner.rng).random::<u64>();
+        self.inner.start_session(peer, id, false)
+    }
+
+    /// Starts accepting sessions other nodes open to this one and returns the queue they arrive
+    /// on (replacing an earlier queue). Until then, datagrams of unknown sessions are refused.
+    pub fn incoming(&self) -> mpsc::Receiver<Session> {
+        let (tx, rx) = mpsc::channel(self.inner.settings.accept_queue.max(1));
+        *lock(&self.inner.accept_tx) = Some(tx);
+        rx
+    }
+
+    /// Routes one datagram from `from` as if it had arrived on the node; returns why it was
+    /// refused (the refusal is also counted in [`HostStats`]).
+    pub fn handle_datagram(&self, from: PeerId, payload: Bytes) -> Result<(), SessionHostError> {
+        self.inner.route(from, payload)
+    }
+}
+
+async fn route_loop(host: Weak<HostInner>, mut datagrams: mpsc::Receiver<InboundDatagram>) {
+    while let Some(datagram) = datagrams.recv().await {
+        let Some(host) = host.upgrade() else {
+            return;
+        };
+        if let Err(error) = host.route(datagram.from, datagram.payload) {
+            tracing::debug!(from = %datagram.from.short(), %error, "session datagram refused");
+        }
+    }
+}
+
+impl HostInner {
+    fn route(self: &Arc<Self>, from: PeerId, payload: Bytes) -> Result<(), SessionHostError> {
+        let (header, packet) = RouteHeader::decode(payload.clone()).inspect_err(|_| {
+            self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+        })?;
+        let (peer, via) = match header.route {
+            Route::Direct => (from, Via::Direct),
+            Route::FromRelay { source } => (source, Via::Relay(from)),
+            Route::ToRelay { destination } => {
+                return self.forward(from, destination, header, packet)
+            }
+        };
+        let arrival = Arrival {
+            path: PathId(header.path),
+            via,
+            packet,
+        };
+        let key = (peer, header.session);
+        let existing = lock(&self.sessions).get(&key).cloned();
+        let tx = match existing {
+            Some(tx) => tx,
+            None => self.accept_new(peer, header.session)?,
+        };
+        if tx.try_send(arrival).is_err() {
+            self.stats
+                .session_queue_full
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn accept_new(
+        self: &Arc<Self>,
+        peer: PeerId,
+        id: u64,
+    ) -> Result<mpsc::Sender<Arrival>, SessionHostError> {
+        let unknown = || {
+            self.stats.unknown_session.fetch_add(1, Ordering::Relaxed);
+            SessionHostError::UnknownSession(id)
+        };
+        let accept_tx = lock(&self.accept_tx).clone().ok_or_else(unknown)?;
+        let permit = accept_tx.try_reserve().map_err(|_| unknown())?;
+        let session = self.start_session(peer, id, true).map_err(|_| unknown())?;
+        let tx = session.arrivals.clone();
+        permit.send(session);
+        Ok(tx)
+    }
+
+    fn start_session(
+        self: &Arc<Self>,
+        peer: PeerId,
+        id: u64,
+        learns_paths: bool,
+    ) -> Result<Session, SessionHostError> {
+        let mut sessions = lock(&self.sessions);
+        sessions.retain(|_, tx| !tx.is_closed());
+        if sessions.len() >= self.settings.max_sessions {
+            return Err(SessionHostError::TooManySessions);
+        }
+        let (tx, rx) = mpsc::channel(self.settings.session_queue.max(1));
+        sessions.insert((peer, id), tx.clone());
+        drop(sessions);
+        let shared = Arc::new(Mutex::new(Shared {
+            endpoint: Endpoint::new(self.settings.session),
+            paths: BTreeMap::new(),
+            learns_paths,
+            read_waker: None,
+            write_wakers: Vec::new(),
+            stats: SessionStats::default(),
+            finished: false,
+            dropped: false,
+        }));
+        let wake = Arc::new(Notify::new());
+        tokio::spawn(drive(
+            self.clone(),
+            peer,
+            id,
+            shared.clone(),
+            wake.clone(),
+            rx,
+        ));
+        Ok(Session {
+            host: self.clone(),
+            peer,
+            id,
+            shared,
+            wake,
+            arrivals: tx,
+        })
+    }
+
+    fn relay_request(&self, from: PeerId, request: RelayRequest) -> RelayReply {
+        let key = (request.session, request.path);
+        let mut relays = lock(&self.relays);
+        if request.op == RelayOp::Close {
+            if relays
+                .get(&key)
+                .is_some_and(|entry| entry.ends.0 == from || entry.ends.1 == from)
+            {
+                relays.remove(&key);
+            }
+            return RelayReply::Accepted;
+        }
+        let now = Instant::now();
+        let ends = (from, request.peer);
+        if let Some(entry) = relays.get(&key) {
+            let same = entry.ends == ends || entry.ends == (ends.1, ends.0);
+            return if same {
+                RelayReply::Accepted
+            } else {
+                RelayReply::Conflict
+            };
+        }
+        let limits = self.settings.relay;
+        relays.retain(|_, entry| now.duration_since(entry.last_used) < limits.idle);
+        if relays.len() >= limits.max_paths {
+            return RelayReply::Full;
+        }
+        if from == request.peer || !self.node.connected_peers().contains(&request.peer) {
+            return RelayReply::PeerUnreachable;
+        }
+        relays.insert(
+            key,
+            RelayEntry {
+                ends,
+                tokens: limits.burst_bytes as f64,
+                refilled: now,
+                last_used: now,
+            },
+        );
+        RelayReply::Accepted
+    }
+
+    fn forward(
+        &self,
+        from: PeerId,
+        destination: PeerId,
+        header: RouteHeader,
+        packet: Bytes,
+    ) -> Result<(), SessionHostError> {
+        let refused = || {
+            self.stats.relay_refused.fetch_add(1, Ordering::Relaxed);
+            SessionHostError::NotRelayed {
+                session: header.session,
+                path: header.path,
+                from,
+            }
+        };
+        let len = (RELAYED_HEADER_LEN + packet.len()) as f64;
+        {
+            let mut relays = lock(&self.relays);
+            let entry = relays
+                .get_mut(&(header.session, header.path))
+                .ok_or_else(refused)?;
+            if entry.ends != (from, destination) && entry.ends != (destination, from) {
+                return Err(refused());
+            }
+            let limits = self.settings.relay;
+            let now = Instant::now();
+            let elapsed = now.duration_since(entry.refilled).as_secs_f64();
+            entry.tokens = (entry.tokens + elapsed * limits.bytes_per_sec as f64)
+                .min(limits.burst_bytes as f64);
+            entry.refilled = now;
+            entry.last_used = now;
+            if entry.tokens < len {
+                self.stats
+                    .relay_rate_limited
+                    .fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            entry.tokens -= len;
+        }
+        let onward = RouteHeader {
+            route: Route::FromRelay { source: from },
+            ..header
+        };
+        match self
+            .node
+            .send_datagram(destination, onward.encode_with(&packet))
+        {
+            Ok(()) => {
+                self.stats.relayed_datagrams.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .relayed_bytes
+                    .fetch_add(len as u64, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.stats.relay_send_failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+}
+
+struct Shared {
+    endpoint: Endpoint,
+    paths: BTreeMap<PathId, Via>,
+    learns_paths: bool,
+    read_waker: Option<Waker>,
+    write_wakers: Vec<Waker>,
+    stats: SessionStats,
+    finished: bool,
+    dropped: bool,
+}
+
+impl Shared {
+    fn wake_all(&mut self) {
+        if let Some(waker) = self.read_waker.take() {
+            waker.wake();
+        }
+        for waker in self.write_wakers.drain(..) {
+            waker.wake();
+        }
+    }
+}
+
+/// A reliable, ordered byte stream to one peer over any number of paths.
+pub struct Session {
+    host: Arc<HostInner>,
+    peer: PeerId,
+    id: u64,
+    shared: Arc<Mutex<Shared>>,
+    wake: Arc<Notify>,
+    arrivals: mpsc::Sender<Arrival>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("peer", &self.peer)
+            .field("id", &format_args!("{:#x}", self.id))
+            .finish()
+    }
+}
+
+impl Session {
+    /// The other end.
+    pub fn peer(&self) -> PeerId {
+        self.peer
+    }
+
+    /// The session id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> SessionStats {
+        lock(&self.shared).stats
+    }
+
+    /// The paths and how each travels.
+    pub fn paths(&self) -> Vec<(PathId, Via)> {
+        lock(&self.shared)
+            .paths
+            .iter()
+            .map(|(&id, &via)| (id, via))
+            .collect()
+    }
+
+    /// What the sans-IO sender knows about each path (window, RTT, rate, state).
+    pub fn path_stats(&self) -> Vec<(PathId, meshwire_proto::session::PathStats)> {
+        lock(&self.shared).endpoint.sender.paths().collect()
+    }
+
+    fn insert_path(&self, path: PathId, via: Via) -> Result<(), SessionHostError> {
+        let mut shared = lock(&self.shared);
+        if shared.paths.contains_key(&path) {
+            return Err(SessionHostError::PathExists(path));
+        }
+        shared.paths.insert(path, via);
+        shared.endpoint.add_path(path);
+        drop(shared);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Adds a path over the node's direct connection to the peer (which must be connected).
+    pub fn add_direct_path(&self, path: PathId) -> Result<(), SessionHostError> {
+        self.insert_path(path, Via::Direct)
+    }
+
+    /// Asks `relay` (a connected peer, itself connected to the other end) to relay a new path,
+    /// then adds it.
+    pub async fn add_relay_path(
+        &self,
+        path: PathId,
+        relay: PeerId,
+    ) -> Result<(), SessionHostError> {
+        if lock(&self.shared).paths.contains_key(&path) {
+            return Err(SessionHostError::PathExists(path));
+        }
+        self.relay_op(RelayOp::Open, path, relay).await?;
+        self.insert_path(path, Via::Relay(relay))
+    }
+
+    async fn relay_op(
+        &self,
+        op: RelayOp,
+        path: PathId,
+        relay: PeerId,
+    ) -> Result<(), SessionHostError> {
+        let request = RelayRequest {
+            op,
+            session: self.id,
+            path: path.0,
+            peer: self.peer,
+        };
+        let reply = self
+            .host
+            .node
+            .request(
+                relay,
+                RELAY_PROTOCOL,
+                request.encode(),
+                Duration::from_secs(5),
+            )
+            .await?;
+        match RelayReply::decode(&reply)? {
+            RelayReply::Accepted => Ok(()),
+            refused => Err(SessionHostError::RelayRefused(refused)),
+        }
+    }
+
+    /// Removes a path: what it carried goes again on the others; a relay is told to stop.
+    pub async fn remove_path(&self, path: PathId) -> Result<(), SessionHostError> {
+        let via = {
+            let mut shared = lock(&self.shared);
+            shared.endpoint.remove_path(path);
+            shared.paths.remove(&path)
+        };
+        self.wake.notify_one();
+        if let Some(Via::Relay(relay)) = via {
+            self.relay_op(RelayOp::Close, path, relay).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        lock(&self.shared).dropped = true;
+        self.wake.notify_one();
+    }
+}
+
+impl Session {
+    fn read_into(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let mut shared = lock(&self.shared);
+        let read = shared.endpoint.receiver.read(buf.initialize_unfilled());
+        if read > 0 {
+            buf.advance(read);
+            drop(shared);
+            // Reading may owe the peer a window update.
+            self.wake.notify_one();
+            return Poll::Ready(Ok(()));
+        }
+        if shared.endpoint.receiver.is_finished() || buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        shared.read_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    fn write_from(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let mut shared = lock(&self.shared);
+        let written = shared.endpoint.sender.write(buf);
+        if written == 0 && !buf.is_empty() {
+            shared.write_wakers.push(cx.waker().clone());
+            return Poll::Pending;
+        }
+        drop(shared);
+        self.wake.notify_one();
+        Poll::Ready(Ok(written))
+    }
+
+    fn finish(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut shared = lock(&self.shared);
+        if !shared.finished {
+            // The end of the stream is news for the driver once; later polls only wait.
+            shared.finished = true;
+            shared.endpoint.sender.finish();
+            self.wake.notify_one();
+        }
+        if shared.endpoint.sender.is_idle() {
+            return Poll::Ready(Ok(()));
+        }
+        shared.write_wakers.push(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// Implements the tokio io traits for `Session` and `&Session` (so paths can be changed while a
+/// write is in progress). `poll_flush` is immediate: written bytes are the session's to deliver.
+/// `poll_shutdown` ends the stream and is ready once the peer acknowledged every byte and the end.
+macro_rules! session_io {
+    ($($target:ty),*) => {$(
+        impl AsyncRead for $target {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                self.read_into(cx, buf)
+            }
+        }
+
+        impl AsyncWrite for $target {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                self.write_from(cx, buf)
+            }
+
+            fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                self.finish(cx)
+            }
+        }
+    )*};
+}
+
+session_io!(Session, &Session);
+
+/// How long the driver waits after a datagram was refused (quinn's buffer full, no connection).
+const BUFFER_FULL_BACKOFF: Duration = Duration::from_millis(1);
+
+/// Runs one session: sends what the endpoint emits, feeds it arrivals and timers.
+async fn drive(
+    host: Arc<HostInner>,
+    peer: PeerId,
+    id: u64,
+    shared: Arc<Mutex<Shared>>,
+    wake: Arc<Notify>,
+    mut arrivals: mpsc::Receiver<Arrival>,
+) {
+    let mut dropped_at: Option<Instant> = None;
+    loop {
+        let (deadline, blocked) = {
+            let mut guard = lock(&shared);
+            let now = Instant::now().into_std();
+            let blocked = flush(&host.node, peer, id, &mut guard, now);
+            guard.wake_all();
+            if guard.dropped {
+                let since = *dropped_at.get_or_insert_with(Instant::now);
+                if guard.endpoint.sender.is_idle() || since.elapsed() >= host.settings.linger {
+                    break;
+                }
+            }
+            (guard.endpoint.poll_timeout(), blocked)
+        };
+        let deadline = match (deadline.map(Instant::from_std), blocked) {
+            (deadline, true) => {
+                let retry = Instant::now() + BUFFER_FULL_BACKOFF;
+                Some(deadline.map_or(retry, |at| at.min(retry)))
+            }
+            (deadline, false) => deadline,
+        };
+        let timer = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            arrival = arrivals.recv() => {
+                let Some(arrival) = arrival else { break };
+                let mut guard = lock(&shared);
+                let now = Instant::now().into_std();
+                handle_arrival(&mut guard, arrival, now);
+                while let Ok(arrival) = arrivals.try_recv() {
+                    handle_arrival(&mut guard, arrival, now);
+                }
+            }
+            () = wake.notified() => {}
+            () = timer => {
+                lock(&shared).endpoint.handle_timeout(Instant::now().into_std());
+            }
+        }
+    }
+    let mut sessions = lock(&host.sessions);
+    sessions.remove(&(peer, id));
+}
+
+fn handle_arrival(shared: &mut Shared, arrival: Arrival, now: std::time::Instant) {
+    shared.stats.datagrams_received += 1;
+    match shared.paths.get(&arrival.path) {
+        Some(via) if *via == arrival.via => {}
+        Some(_) => {
+            // The same path id over a different route: the other end re-added it elsewhere.
+            shared.paths.insert(arrival.path, arrival.via);
+        }
+        None if shared.learns_paths => {
+            shared.paths.insert(arrival.path, arrival.via);
+            shared.endpoint.add_path(arrival.path);
+        }
+        None => {
+            shared.stats.unknown_path += 1;
+            return;
+        }
+    }
+    if let Err(error) = shared
+        .endpoint
+        .handle_datagram(arrival.path, arrival.packet, now)
+    {
+        shared.stats.rejected += 1;
+        tracing::debug!(%error, "session packet rejected");
+    }
+}
+
+/// Sends everything the endpoint has to send; returns whether a datagram was refused.
+fn flush(node: &Node, peer: PeerId, id: u64, shared: &mut Shared, now: std::time::Instant) -> bool {
+    while let Some(transmit) = shared.endpoint.poll_transmit(now) {
+        let Some(&via) = shared.paths.get(&transmit.path) else {
+            shared.stats.send_failed += 1;
+            continue;
+        };
+        let (to, route) = match via {
+            Via::Direct => (peer, Route::Direct),
+            Via::Relay(relay) => (relay, Route::ToRelay { destination: peer }),
+        };
+        let header = RouteHeader {
+            session: id,
+            path: transmit.path.0,
+            route,
+        };
+        match node.send_datagram(to, header.encode_with(&transmit.payload)) {
+            Ok(()) => shared.stats.datagrams_sent += 1,
+            Err(error) => {
+                shared
+                    .endpoint
+                    .sender
+                    .handle_send_error(transmit.path, &transmit, now);
+                if error == DatagramError::BufferFull {
+                    shared.stats.send_buffer_full += 1;
+                } else {
+                    shared.stats.send_failed += 1;
+                }
+                // The scheduler could pick the same path again at once: retry after a pause.
+                return true;
+            }
+        }
+    }
+    false
+}
