@@ -82,10 +82,8 @@ fn pattern(len: usize) -> Bytes {
     (0..len).map(|i| (i * 31 % 251) as u8).collect()
 }
 
-fn sha256(bytes: &[u8]) -> Vec<u8> {
-    ring::digest::digest(&ring::digest::SHA256, bytes)
-        .as_ref()
-        .to_vec()
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    meshwire::proto::hash::sha256(&[bytes])
 }
 
 fn settings(policy: Policy) -> SessionSettings {
@@ -140,7 +138,6 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
         let (policy, congestion) = (plan.policy, plan.congestion);
         lab.host("b", move |context| {
             let board = board.clone();
-            let expected = expected.clone();
             async move {
                 let (node, _) = context
                     .start_node(node_config(&context, congestion))
@@ -149,7 +146,7 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
                 board.borrow_mut().receiver = Some(host.clone());
                 let mut incoming = host.incoming();
                 let mut session = incoming.recv().await.ok_or("no session")?;
-                let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+                let mut digest = meshwire::proto::hash::Sha256::new();
                 let mut buf = vec![0u8; 64 * 1024];
                 let mut received = 0;
                 loop {
@@ -163,7 +160,7 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
                 {
                     let mut board = board.borrow_mut();
                     board.outcome.received = received;
-                    board.outcome.complete = digest.finish().as_ref() == expected.as_slice();
+                    board.outcome.complete = digest.finish() == expected;
                     board.outcome.transfer_s = clock().as_secs_f64() - board.outcome.transfer_s;
                     board.outcome.receiver = session.stats();
                     board.done = true;
