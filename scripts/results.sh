@@ -55,8 +55,8 @@ print("|---|---|---|---|---|")
 for run in runs:
     name = run.splitlines()[0].split(":")[0]
     rps = field(run, r"Requests/sec:\s*([\d.]+)")
-    p50 = field(run, r"50%\s+(\S+)")
-    p99 = field(run, r"99%\s+(\S+)")
+    p50 = field(run, r"(?m)^\s*50%\s+(\S+)")
+    p99 = field(run, r"(?m)^\s*99%\s+(\S+)")
     rss = field(run, r"VmHWM[^:]*:\s*(\d+ kB)")
     print(f"| {name} | {rps} | {p50} | {p99} | {rss} |")
 print("\nTargets (issue 7): 4 KiB GET >= 20,000 requests/s and p99 <= 2 ms; 250 clients on a 5 MB")
