@@ -40,8 +40,8 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::lab::{clock, Lab, TICK};
-use crate::scenario::{round_metric, CaseFile, ScenarioError};
-use crate::xx_team::{percentile, team_batch, Workload};
+use crate::scenario::{CaseFile, ScenarioError};
+use crate::xx_team::{team_batch, team_metrics, Workload};
 
 /// TCP port of every host's gRPC server.
 const GRPC_PORT: u16 = 50051;
@@ -653,25 +653,13 @@ async fn first_node(
         }
     }
     let elapsed = (clock() - started).as_secs_f64();
-    let mut metrics = BTreeMap::new();
-    metrics.insert(
-        "hop_transfer_ms_p50".into(),
-        round_metric(percentile(&hop_ms, 0.5)),
-    );
-    metrics.insert(
-        "hop_transfer_ms_p99".into(),
-        round_metric(percentile(&hop_ms, 0.99)),
-    );
-    metrics.insert(
-        "ring_ping_ms".into(),
-        round_metric(ring_ping.as_secs_f64() * 1e3),
-    );
-    metrics.insert(
-        "batches_per_s".into(),
-        round_metric(workload.baseline_batches as f64 / elapsed),
-    );
-    metrics.insert("batches_failed".into(), failed as f64);
-    Ok(metrics)
+    Ok(team_metrics(
+        &hop_ms,
+        ring_ping,
+        workload.baseline_batches,
+        elapsed,
+        failed,
+    ))
 }
 
 /// Batch `round`'s payloads, one message each.

@@ -221,6 +221,14 @@ pub struct Report {
 }
 
 impl Report {
+    /// The metric `name` that `policy` produced in the first case that has it.
+    pub fn metric(&self, policy: &str, name: &str) -> Option<f64> {
+        self.results
+            .iter()
+            .filter(|result| result.policy == policy)
+            .find_map(|result| result.metrics.get(name).copied())
+    }
+
     /// A report with the scenario's anchors and no results yet.
     pub fn new(scenario: &ScenarioFile, seed: u64) -> Self {
         let anchors = scenario

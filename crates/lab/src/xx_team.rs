@@ -269,6 +269,36 @@ impl Workload {
     }
 }
 
+/// The metrics every xx-team policy reports: hop transfer percentiles over sorted `hop_ms`, the
+/// ring ping, and `batches` round the ring in `elapsed_s` with `failed` of them failed.
+pub(crate) fn team_metrics(
+    hop_ms: &[f64],
+    ring_ping: Duration,
+    batches: u64,
+    elapsed_s: f64,
+    failed: u64,
+) -> BTreeMap<String, f64> {
+    BTreeMap::from([
+        (
+            "hop_transfer_ms_p50".into(),
+            round_metric(percentile(hop_ms, 0.5)),
+        ),
+        (
+            "hop_transfer_ms_p99".into(),
+            round_metric(percentile(hop_ms, 0.99)),
+        ),
+        (
+            "ring_ping_ms".into(),
+            round_metric(ring_ping.as_secs_f64() * 1e3),
+        ),
+        (
+            "batches_per_s".into(),
+            round_metric(batches as f64 / elapsed_s),
+        ),
+        ("batches_failed".into(), failed as f64),
+    ])
+}
+
 pub(crate) fn percentile(sorted: &[f64], quantile: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -404,24 +434,7 @@ pub fn run_case(
             }
             submitter.await??;
             let elapsed = (clock() - started).as_secs_f64();
-            let mut metrics = metrics.borrow_mut();
-            metrics.insert(
-                "hop_transfer_ms_p50".into(),
-                round_metric(percentile(&hop_ms, 0.5)),
-            );
-            metrics.insert(
-                "hop_transfer_ms_p99".into(),
-                round_metric(percentile(&hop_ms, 0.99)),
-            );
-            metrics.insert(
-                "ring_ping_ms".into(),
-                round_metric(ring_ping.as_secs_f64() * 1e3),
-            );
-            metrics.insert(
-                "batches_per_s".into(),
-                round_metric(batches as f64 / elapsed),
-            );
-            metrics.insert("batches_failed".into(), failed as f64);
+            *metrics.borrow_mut() = team_metrics(&hop_ms, ring_ping, batches, elapsed, failed);
             Ok(())
         });
     }

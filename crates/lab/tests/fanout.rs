@@ -11,10 +11,7 @@ static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 fn metric(report: &Report, policy: &str, name: &str) -> f64 {
     report
-        .results
-        .iter()
-        .find(|result| result.policy == policy)
-        .and_then(|result| result.metrics.get(name).copied())
+        .metric(policy, name)
         .unwrap_or_else(|| panic!("no {name} for {policy}"))
 }
 

@@ -23,10 +23,7 @@ params = { nodes = 3, slots = 400, payload_bytes = 500, compute_ms = 5, batches 
 
 fn metric(report: &Report, policy: &str, name: &str) -> f64 {
     report
-        .results
-        .iter()
-        .find(|result| result.policy == policy)
-        .and_then(|result| result.metrics.get(name).copied())
+        .metric(policy, name)
         .unwrap_or_else(|| panic!("no {name} for {policy}"))
 }
 

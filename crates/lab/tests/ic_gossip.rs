@@ -7,10 +7,7 @@ use meshwire_lab::{run_scenario, Mode, Report, ScenarioFile};
 
 fn metric(report: &Report, policy: &str, name: &str) -> f64 {
     report
-        .results
-        .iter()
-        .find(|result| result.policy == policy)
-        .and_then(|result| result.metrics.get(name).copied())
+        .metric(policy, name)
         .unwrap_or_else(|| panic!("no {name} for {policy}"))
 }
 
