@@ -44,6 +44,7 @@ struct Outcome {
     /// (time, in-flight packets per path).
     samples: Vec<(Duration, Vec<u32>)>,
     retransmissions: u64,
+    tail_copies: u64,
     timeouts: u64,
 }
 
@@ -265,6 +266,7 @@ pub fn run_case(
             let stats = sender.stats();
             let mut outcome = outcome.borrow_mut();
             outcome.retransmissions = stats.retransmissions;
+            outcome.tail_copies = stats.tail_copies;
             outcome.timeouts = stats.timeouts;
             Ok(())
         });
@@ -301,6 +303,7 @@ pub fn run_case(
     let ideal = rates.iter().sum::<f64>() * 1024.0 / MIB;
     metrics.insert("ideal_mb_per_s".into(), round_metric(ideal));
     metrics.insert("retransmissions".into(), outcome.retransmissions as f64);
+    metrics.insert("tail_copies".into(), outcome.tail_copies as f64);
     metrics.insert("timeouts".into(), outcome.timeouts as f64);
     if workload == "transfer" {
         let complete = outcome.delivered >= total_bytes;

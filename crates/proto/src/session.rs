@@ -35,7 +35,7 @@
 //!   maximum over 2 s) and minimum RTT; window = 1.25 × rate × min RTT (one bandwidth-delay
 //!   product in flight, a quarter of headroom); until an RTT sample shows a queue (1.25 × the
 //!   minimum) or a loss, the window also grows by one per packet acknowledged from a first burst
-//!   of 64 (startup), and before its own RTT is measured a path uses the shortest delay from
+//!   of 128 (startup), and before its own RTT is measured a path uses the shortest delay from
 //!   sending to any ACK covering its packets (often a faster path's). Segments go to the path with the earliest expected arrival (a
 //!   departure clock advanced by 1/rate per packet, plus half the min RTT); near the end of the
 //!   data a slow path is left idle when the others would deliver the rest sooner. Loss is detected
@@ -105,7 +105,7 @@ pub struct SessionConfig {
     pub receive_window_bytes: usize,
     /// Bytes the sender holds at most, written and not yet acknowledged.
     pub send_buffer_bytes: usize,
-    /// Initial window of a path in packets (NCP: 16; meshwire: 64, its first burst before any
+    /// Initial window of a path in packets (NCP: 16; meshwire: 128, its first burst before any
     /// rate or RTT is known).
     pub initial_window_packets: u32,
     /// NCP classic's largest connection window (256).
@@ -134,8 +134,10 @@ impl SessionConfig {
             send_buffer_bytes: 8 << 20,
             initial_window_packets: match policy {
                 Policy::Classic | Policy::Nkp24 => 16,
-                // A first burst a 1 s path at 128 packets/s keeps busy until its first ACK.
-                Policy::Meshwire => 64,
+                // A first burst that keeps a path busy until its first ACK when the path's
+                // bandwidth-delay product is up to 128 KiB (1024 packets/s at 100 ms, 128 at 1 s);
+                // a third of what NKP-0024 gives each of three connections (4096 / n).
+                Policy::Meshwire => 128,
             },
             ncp_max_window_packets: 256,
             initial_rto: Duration::from_secs(1),

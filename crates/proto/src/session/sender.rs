@@ -33,6 +33,15 @@ const NCP_MAX_RTO: Duration = Duration::from_secs(10);
 const NCP_MIN_WINDOW: f64 = 1.0;
 /// Longest RTO after exponential backoff.
 const MAX_BACKED_OFF_RTO: Duration = Duration::from_secs(60);
+/// Weight of one packet's fate in a path's loss estimate (an average over about 64 packets).
+const LOSS_EWMA_WEIGHT: f64 = 1.0 / 64.0;
+/// meshwire copies an unacknowledged segment onto an idle path at the end of the data only when
+/// the estimated chance that every copy in flight is lost exceeds this.
+const MIN_COPY_RISK: f64 = 0.001;
+/// A lossy path's send rate is taken as its delivery rate / (1 - loss), loss counted up to this.
+const MAX_LOSS_CREDIT: f64 = 0.5;
+/// Most transmissions of one segment in flight at once (the original and two copies).
+const MAX_COPIES: usize = 3;
 
 /// A path's health as the sender sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +71,8 @@ pub struct PathStats {
     pub delivery_rate_packets_per_sec: Option<f64>,
     /// Packets acknowledged that this path carried.
     pub delivered_packets: u64,
+    /// meshwire's estimate of the fraction of this path's packets lost.
+    pub loss_rate: f64,
 }
 
 /// Counters of the sender.
@@ -79,6 +90,8 @@ pub struct SenderStats {
     pub path_failures: u64,
     /// Probing paths re-admitted after a probe was answered.
     pub path_readmissions: u64,
+    /// meshwire: copies of in-flight segments sent on idle paths once no new data was left.
+    pub tail_copies: u64,
 }
 
 #[derive(Debug)]
@@ -128,6 +141,8 @@ struct Path {
     rate_filter: VecDeque<(Instant, f64)>,
     /// When the last packet put on the path should finish crossing its bottleneck.
     departure_clock: Option<Instant>,
+    /// meshwire: moving average of packet fates on this path (1 lost, 0 acknowledged).
+    loss_rate: f64,
     next_probe: Option<Instant>,
     paused_until: Option<Instant>,
     /// The transport takes no datagram on this path before then (a blocking writer).
@@ -153,6 +168,7 @@ impl Path {
             ack_history: VecDeque::new(),
             rate_filter: VecDeque::new(),
             departure_clock: None,
+            loss_rate: 0.0,
             next_probe: None,
             paused_until: None,
             blocked_until: None,
@@ -165,6 +181,12 @@ impl Path {
 
     fn rate(&self) -> Option<f64> {
         self.rate_filter.front().map(|&(_, rate)| rate)
+    }
+
+    /// Packets per second the path takes: its delivery rate plus the share it loses.
+    fn send_rate(&self) -> Option<f64> {
+        self.rate()
+            .map(|rate| rate / (1.0 - self.loss_rate.min(MAX_LOSS_CREDIT)))
     }
 
     fn rto(&self) -> Duration {
@@ -183,7 +205,7 @@ impl Path {
         let start = self.departure_clock.map_or(now, |clock| clock.max(now));
         let start = self.blocked_until.map_or(start, |until| until.max(start));
         let service = self
-            .rate()
+            .send_rate()
             .map_or(Duration::ZERO, |rate| Duration::from_secs_f64(1.0 / rate));
         start + service + self.one_way()
     }
@@ -342,6 +364,7 @@ impl Sender {
                     },
                     delivery_rate_packets_per_sec: path.rate(),
                     delivered_packets: path.delivered,
+                    loss_rate: path.loss_rate,
                 },
             )
         })
@@ -456,13 +479,21 @@ impl Sender {
             let Some(segment) = self.segments.remove(&seq) else {
                 continue;
             };
+            let arrived = self.arrived_copy(&segment.in_flight, ack.echo);
             for pn in segment.in_flight {
-                if let Some(info) = self.in_flight.remove(&pn) {
-                    if Some(pn) != ack.echo {
-                        self.await_echo(pn, info.path, info.sent_at);
-                    }
+                let Some(info) = self.in_flight.remove(&pn) else {
+                    continue;
+                };
+                if Some(pn) != ack.echo {
+                    self.await_echo(pn, info.path, info.sent_at);
+                }
+                if Some(pn) == arrived {
                     self.on_packet_acked(info, now);
                     progressed.insert(info.path);
+                } else if let Some(path) = self.paths.get_mut(&info.path) {
+                    // Another copy made it: this one leaves flight without counting as delivered
+                    // on its path (it may still be on its way, or lost).
+                    path.in_flight_packets = path.in_flight_packets.saturating_sub(1);
                 }
             }
         }
@@ -489,6 +520,26 @@ impl Sender {
             self.normalize_windows();
         }
         Ok(())
+    }
+
+    /// Which of a segment's transmissions in flight the ACK should credit: the echoed one, else
+    /// the one expected to have arrived first.
+    fn arrived_copy(&self, copies: &[u64], echo: Option<u64>) -> Option<u64> {
+        if let Some(echo) = echo.filter(|echo| copies.contains(echo)) {
+            return Some(echo);
+        }
+        copies
+            .iter()
+            .filter_map(|pn| {
+                let info = self.in_flight.get(pn)?;
+                let one_way = self
+                    .paths
+                    .get(&info.path)
+                    .map_or(Duration::ZERO, Path::one_way);
+                Some((info.sent_at + one_way, *pn))
+            })
+            .min()
+            .map(|(_, pn)| pn)
     }
 
     /// meshwire: an ACK on `path` echoes transmission `echo`. If that transmission went on
@@ -551,6 +602,7 @@ impl Sender {
                 .map_or(info.path_index, |largest| largest.max(info.path_index)),
         );
         if policy == Policy::Meshwire {
+            path.loss_rate *= 1.0 - LOSS_EWMA_WEIGHT;
             let delay = now.saturating_duration_since(info.sent_at);
             path.min_ack_delay = Some(path.min_ack_delay.map_or(delay, |min| min.min(delay)));
             if path.startup {
@@ -618,12 +670,17 @@ impl Sender {
         if let Some(path) = self.paths.get_mut(&info.path) {
             path.in_flight_packets = path.in_flight_packets.saturating_sub(1);
             path.startup = false;
+            path.loss_rate += (1.0 - path.loss_rate) * LOSS_EWMA_WEIGHT;
         }
         if let Some(segment) = self.segments.get_mut(&info.seq) {
             segment.in_flight.retain(|&other| other != pn);
-            self.retransmit
-                .entry(info.seq)
-                .or_insert(avoid_path.then_some(info.path));
+            // Another copy still on its way may deliver it; if that one is lost too, its own
+            // loss queues the segment.
+            if segment.in_flight.is_empty() {
+                self.retransmit
+                    .entry(info.seq)
+                    .or_insert(avoid_path.then_some(info.path));
+            }
         }
     }
 
@@ -814,6 +871,9 @@ impl Sender {
                 continue;
             };
             self.round_robin = (self.round_robin + offset + 1) % ids.len();
+            if seq.is_some() {
+                self.stats.retransmissions += 1;
+            }
             return self.send_segment(id, seq, now);
         }
         None
@@ -823,23 +883,38 @@ impl Sender {
         if let Some(transmit) = self.poll_probe(now) {
             return Some(transmit);
         }
-        let candidates = self.usable_paths(now);
+        let candidates = self.usable_paths(now, false);
         if let Some((&seq, &avoid)) = self.retransmit.iter().next() {
             // Earliest expected arrival, a retransmission on the path that lost it counting as
-            // one RTT later: another path is preferred unless it is much slower.
-            let best = candidates.iter().min_by_key(|&&(id, arrival)| {
-                let path = &self.paths[&id];
-                if Some(id) == avoid {
-                    arrival + path.rtt.smoothed().unwrap_or_default()
-                } else {
-                    arrival
+            // one RTT later (another path is preferred unless it is much slower), and each path's
+            // chance of losing it again counting as that share of a recovery (two RTTs). A path
+            // whose writer is busy counts from when it frees up: the retransmission waits for it
+            // rather than take a worse path that happens to be free (which carries other work).
+            let best = self
+                .usable_paths(now, true)
+                .into_iter()
+                .min_by_key(|&(id, arrival)| {
+                    let path = &self.paths[&id];
+                    let rtt = path.rtt.smoothed().unwrap_or_default();
+                    let again = rtt.mul_f64(2.0 * path.loss_rate);
+                    if Some(id) == avoid {
+                        arrival + rtt + again
+                    } else {
+                        arrival + again
+                    }
+                });
+            match best {
+                Some((id, _)) if !self.paths[&id].is_blocked(now) => {
+                    self.retransmit.remove(&seq);
+                    self.stats.retransmissions += 1;
+                    return self.send_segment(id, Some(seq), now);
                 }
-            });
-            if let Some(&(id, _)) = best {
-                self.retransmit.remove(&seq);
-                return self.send_segment(id, Some(seq), now);
+                Some(_) => {}
+                None => return None,
             }
-            return None;
+        }
+        if !self.has_new_data() {
+            return self.poll_tail_copy(now, &candidates);
         }
         if !self.may_send_new() {
             self.arm_window_probe(now);
@@ -854,8 +929,9 @@ impl Sender {
         None
     }
 
-    /// Active, unpaused paths with window space, by expected arrival.
-    fn usable_paths(&self, now: Instant) -> Vec<(PathId, Instant)> {
+    /// Active, unpaused paths with window space, by expected arrival; those whose writer is busy
+    /// only if `with_blocked`.
+    fn usable_paths(&self, now: Instant, with_blocked: bool) -> Vec<(PathId, Instant)> {
         let mut candidates: Vec<(PathId, Instant)> = self
             .paths
             .iter()
@@ -863,13 +939,53 @@ impl Sender {
                 // A path whose writer is busy adds nothing now; the tail rule still counts it
                 // among the others, at the time it frees up.
                 path.state == PathState::Active
-                    && !path.is_blocked(now)
+                    && (with_blocked || !path.is_blocked(now))
                     && f64::from(path.in_flight_packets) < self.meshwire_window(path)
             })
             .map(|(&id, path)| (id, path.expected_arrival(now)))
             .collect();
         candidates.sort_by_key(|&(_, arrival)| arrival);
         candidates
+    }
+
+    /// With nothing new left to send, an idle path carries a copy of the unacknowledged segment
+    /// most likely lost (every copy in flight on lossy paths; the newest first, whose loss would
+    /// otherwise be found last). The end of a transfer then waits for one crossing, not for loss
+    /// detection and a retransmission; it costs only capacity that would sit idle.
+    fn poll_tail_copy(
+        &mut self,
+        now: Instant,
+        candidates: &[(PathId, Instant)],
+    ) -> Option<Transmit> {
+        let risk_of = |path: PathId| self.paths.get(&path).map_or(1.0, |path| path.loss_rate);
+        for &(id, _) in candidates {
+            // Chosen by how much the copy lowers the chance that the segment needs recovery.
+            let keep = 1.0 - risk_of(id);
+            let mut best: Option<(f64, u64)> = None;
+            for (&seq, segment) in self.segments.iter().rev() {
+                if segment.in_flight.is_empty() || segment.in_flight.len() >= MAX_COPIES {
+                    continue;
+                }
+                let risk: f64 = segment
+                    .in_flight
+                    .iter()
+                    .map(|pn| {
+                        self.in_flight
+                            .get(pn)
+                            .map_or(0.0, |info| risk_of(info.path))
+                    })
+                    .product();
+                let gain = risk * keep;
+                if risk > MIN_COPY_RISK && best.is_none_or(|(most, _)| gain > most) {
+                    best = Some((gain, seq));
+                }
+            }
+            if let Some((_, seq)) = best {
+                self.stats.tail_copies += 1;
+                return self.send_segment(id, Some(seq), now);
+            }
+        }
+        None
     }
 
     /// The tail rule: put a new segment on `id` only if it arrives no later than the other paths
@@ -957,7 +1073,6 @@ impl Sender {
         let (seq, payload, fin) = match seq {
             Some(seq) => {
                 let segment = self.segments.get(&seq)?;
-                self.stats.retransmissions += 1;
                 (seq, segment.data.clone(), segment.fin)
             }
             None => {
@@ -991,7 +1106,7 @@ impl Sender {
         if path.timer_start.is_none() {
             path.timer_start = Some(now);
         }
-        if let Some(rate) = path.rate() {
+        if let Some(rate) = path.send_rate() {
             let start = path.departure_clock.map_or(now, |clock| clock.max(now));
             path.departure_clock = Some(start + Duration::from_secs_f64(1.0 / rate));
         }
