@@ -31,6 +31,9 @@ const NCP_TIMEOUT_CHECK: Duration = Duration::from_millis(50);
 const NCP_MAX_RTO: Duration = Duration::from_secs(10);
 /// NCP's smallest connection window (`MinConnectionWindowSize`).
 const NCP_MIN_WINDOW: f64 = 1.0;
+/// How long an NCP connection whose window is full waits before it looks at the resend queue
+/// again (ncp-go `maxWait`, used by `Connection.waitForSendWindow`).
+const NCP_MAX_WAIT: Duration = Duration::from_secs(1);
 /// Longest RTO after exponential backoff.
 const MAX_BACKED_OFF_RTO: Duration = Duration::from_secs(60);
 /// Weight of one packet's fate in a path's loss estimate (an average over about 64 packets).
@@ -147,6 +150,10 @@ struct Path {
     paused_until: Option<Instant>,
     /// The transport takes no datagram on this path before then (a blocking writer).
     blocked_until: Option<Instant>,
+    /// NCP: the connection's send loop is parked waiting for window (ncp-go
+    /// `Connection.waitForSendWindow`) and looks at the resend queue again only then (its
+    /// `maxWait`), unless an ACK frees window first. `None`: at the top of the loop.
+    ncp_parked_until: Option<Instant>,
 }
 
 impl Path {
@@ -172,6 +179,7 @@ impl Path {
             next_probe: None,
             paused_until: None,
             blocked_until: None,
+            ncp_parked_until: None,
         }
     }
 
@@ -487,8 +495,10 @@ impl Sender {
                 if Some(pn) != ack.echo {
                     self.await_echo(pn, info.path, info.sent_at);
                 }
-                if Some(pn) == arrived {
-                    self.on_packet_acked(info, now);
+                // NCP counts every copy as acknowledged (ncp-go `Connection.ReceiveAck` runs on
+                // each connection that holds the sequence number); meshwire credits one.
+                if Some(pn) == arrived || self.config.policy != Policy::Meshwire {
+                    self.on_packet_acked(info, path, now);
                     progressed.insert(info.path);
                 } else if let Some(path) = self.paths.get_mut(&info.path) {
                     // Another copy made it: this one leaves flight without counting as delivered
@@ -590,7 +600,7 @@ impl Sender {
         }
     }
 
-    fn on_packet_acked(&mut self, info: InFlight, now: Instant) {
+    fn on_packet_acked(&mut self, info: InFlight, ack_path: PathId, now: Instant) {
         let policy = self.config.policy;
         let Some(path) = self.paths.get_mut(&info.path) else {
             return;
@@ -619,6 +629,11 @@ impl Sender {
                     .window_packets
                     .min(f64::from(self.config.ncp_max_window_packets));
             }
+        }
+        // ncp-go `Connection.ReceiveAck` (NKP-0024 era): only the connection the ACK came back on
+        // moves its RTO, by the time since it first sent the packet.
+        if info.path != ack_path {
+            return;
         }
         let rtt = now.saturating_duration_since(info.sent_at);
         path.rtt.update(rtt);
@@ -734,6 +749,9 @@ impl Sender {
             consider(path.paused_until);
             consider(path.next_probe);
             consider(path.blocked_until);
+            if !self.retransmit.is_empty() {
+                consider(path.ncp_parked_until);
+            }
             if self.config.policy == Policy::Meshwire {
                 consider(path.timer_start.map(|start| start + path.rto()));
             }
@@ -858,16 +876,29 @@ impl Sender {
             if path.state == PathState::Paused || path.is_blocked(now) {
                 continue;
             }
-            // NCP's connections take from the session-wide resend queue first, without waiting
-            // for window, then new data within their window.
-            let seq = if let Some((&seq, _)) = self.retransmit.iter().next() {
+            // ncp-go `Connection.tx`: at the top of its loop (after each send, or when `maxWait`
+            // ends a wait for window) a connection takes from the session-wide resend queue
+            // without window; otherwise it waits until its window has room
+            // (`waitForSendWindow`: used < windowSize) and then takes a resend or new data.
+            let has_room = f64::from(path.in_flight_packets) < path.window_packets;
+            let at_top = path.ncp_parked_until.is_none_or(|until| until <= now);
+            let seq = if (at_top || has_room) && !self.retransmit.is_empty() {
+                let (&seq, _) = self.retransmit.iter().next()?;
                 self.retransmit.remove(&seq);
                 Some(seq)
-            } else if (path.in_flight_packets as f64) < path.window_packets.floor().max(1.0)
-                && self.may_send_new()
-            {
+            } else if has_room && self.may_send_new() {
                 None
             } else {
+                if !has_room && at_top {
+                    // Parks for `maxWait`, on the schedule it started.
+                    let mut until = path.ncp_parked_until.unwrap_or(now);
+                    while until <= now {
+                        until += NCP_MAX_WAIT;
+                    }
+                    if let Some(path) = self.paths.get_mut(&id) {
+                        path.ncp_parked_until = Some(until);
+                    }
+                }
                 continue;
             };
             self.round_robin = (self.round_robin + offset + 1) % ids.len();
@@ -1092,7 +1123,43 @@ impl Sender {
         };
         let packet_number = self.next_packet_number;
         self.next_packet_number += 1;
+        let ncp = self.config.policy != Policy::Meshwire;
+        // ncp-go `Connection.tx`: a connection resending a packet it already holds keeps the
+        // first send time (`timeSentSeq` is set only when absent) and only clears its resent mark,
+        // so the packet counts once in its window and times out again at the next check unless
+        // acknowledged by then.
+        let held = ncp
+            .then(|| {
+                self.segments
+                    .get(&seq)?
+                    .in_flight
+                    .iter()
+                    .copied()
+                    .find(|pn| {
+                        self.in_flight
+                            .get(pn)
+                            .is_some_and(|info| info.path == id && info.timed_out)
+                    })
+            })
+            .flatten();
         let path = self.paths.get_mut(&id)?;
+        path.ncp_parked_until = None;
+        if let Some(held) = held {
+            if let Some(info) = self.in_flight.get_mut(&held) {
+                info.timed_out = false;
+            }
+            self.stats.packets_sent += 1;
+            return Some(Transmit {
+                path: id,
+                payload: Packet::Data(DataPacket {
+                    packet_number,
+                    seq,
+                    fin,
+                    payload,
+                })
+                .encode(),
+            });
+        }
         let info = InFlight {
             seq,
             path: id,
