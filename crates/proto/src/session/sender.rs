@@ -41,8 +41,6 @@ const LOSS_EWMA_WEIGHT: f64 = 1.0 / 64.0;
 /// meshwire copies an unacknowledged segment onto an idle path at the end of the data only when
 /// the estimated chance that every copy in flight is lost exceeds this.
 const MIN_COPY_RISK: f64 = 0.001;
-/// A lossy path's send rate is taken as its delivery rate / (1 - loss), loss counted up to this.
-const MAX_LOSS_CREDIT: f64 = 0.5;
 /// Most transmissions of one segment in flight at once (the original and two copies).
 const MAX_COPIES: usize = 3;
 
@@ -191,12 +189,6 @@ impl Path {
         self.rate_filter.front().map(|&(_, rate)| rate)
     }
 
-    /// Packets per second the path takes: its delivery rate plus the share it loses.
-    fn send_rate(&self) -> Option<f64> {
-        self.rate()
-            .map(|rate| rate / (1.0 - self.loss_rate.min(MAX_LOSS_CREDIT)))
-    }
-
     fn rto(&self) -> Duration {
         self.rtt
             .rto()
@@ -213,7 +205,7 @@ impl Path {
         let start = self.departure_clock.map_or(now, |clock| clock.max(now));
         let start = self.blocked_until.map_or(start, |until| until.max(start));
         let service = self
-            .send_rate()
+            .rate()
             .map_or(Duration::ZERO, |rate| Duration::from_secs_f64(1.0 / rate));
         start + service + self.one_way()
     }
@@ -336,7 +328,7 @@ impl Sender {
             .map(|(&pn, _)| pn)
             .collect();
         for pn in lost {
-            self.declare_lost(pn, true);
+            self.declare_lost(pn, false);
         }
         if self.config.policy == Policy::Nkp24 {
             self.normalize_windows();
@@ -350,6 +342,9 @@ impl Sender {
     pub fn block_path_until(&mut self, path: PathId, until: Instant) {
         if let Some(state) = self.paths.get_mut(&path) {
             state.blocked_until = Some(until);
+            // The transport's own schedule supersedes the estimate from the delivery rate, which
+            // on a lossy path is slower than the rate the path takes packets.
+            state.departure_clock = Some(until);
         }
     }
 
@@ -676,8 +671,10 @@ impl Sender {
         }
     }
 
-    /// Takes `pn` out of flight and queues its segment for retransmission.
-    fn declare_lost(&mut self, pn: u64, avoid_path: bool) {
+    /// Takes `pn` out of flight and queues its segment for retransmission (preferably on another
+    /// path). `by_evidence`: ACKs showed the path lost it, which counts in the path's loss
+    /// estimate (a refused send, a removed path or an RTO says nothing about the loss rate).
+    fn declare_lost(&mut self, pn: u64, by_evidence: bool) {
         let Some(info) = self.in_flight.remove(&pn) else {
             return;
         };
@@ -685,16 +682,16 @@ impl Sender {
         if let Some(path) = self.paths.get_mut(&info.path) {
             path.in_flight_packets = path.in_flight_packets.saturating_sub(1);
             path.startup = false;
-            path.loss_rate += (1.0 - path.loss_rate) * LOSS_EWMA_WEIGHT;
+            if by_evidence {
+                path.loss_rate += (1.0 - path.loss_rate) * LOSS_EWMA_WEIGHT;
+            }
         }
         if let Some(segment) = self.segments.get_mut(&info.seq) {
             segment.in_flight.retain(|&other| other != pn);
             // Another copy still on its way may deliver it; if that one is lost too, its own
             // loss queues the segment.
             if segment.in_flight.is_empty() {
-                self.retransmit
-                    .entry(info.seq)
-                    .or_insert(avoid_path.then_some(info.path));
+                self.retransmit.entry(info.seq).or_insert(Some(info.path));
             }
         }
     }
@@ -708,7 +705,7 @@ impl Sender {
         else {
             return;
         };
-        self.declare_lost(data.packet_number, true);
+        self.declare_lost(data.packet_number, false);
         if self.config.policy == Policy::Meshwire {
             return;
         }
@@ -807,7 +804,7 @@ impl Sender {
                 .map(|(&pn, _)| pn)
                 .collect();
             for pn in lost {
-                self.declare_lost(pn, true);
+                self.declare_lost(pn, false);
             }
             if let Some(path) = self.paths.get_mut(&id) {
                 path.timer_start = None;
@@ -1173,7 +1170,7 @@ impl Sender {
         if path.timer_start.is_none() {
             path.timer_start = Some(now);
         }
-        if let Some(rate) = path.send_rate() {
+        if let Some(rate) = path.rate() {
             let start = path.departure_clock.map_or(now, |clock| clock.max(now));
             path.departure_clock = Some(start + Duration::from_secs_f64(1.0 / rate));
         }
