@@ -36,11 +36,16 @@
 //!   product in flight, a quarter of headroom); until an RTT sample shows a queue (1.25 × the
 //!   minimum) or a loss, the window also grows by one per packet acknowledged from a first burst
 //!   of 128 (startup), and before its own RTT is measured a path uses the shortest delay from
-//!   sending to any ACK covering its packets (often a faster path's). Segments go to the path with the earliest expected arrival (a
-//!   departure clock advanced by 1/rate per packet, plus half the min RTT); near the end of the
+//!   sending to any ACK covering its packets (often a faster path's). Segments go to the path
+//!   with the earliest expected arrival (a departure clock advanced by 1/rate per packet, or set
+//!   by [`Sender::block_path_until`] when the transport says when the path frees up, plus half
+//!   the min RTT); near the end of the
 //!   data a slow path is left idle when the others would deliver the rest sooner. Loss is detected
 //!   from ACKs (3 later packets on the same path acknowledged, or 9/8 RTT older than an
-//!   acknowledged one) and retransmitted preferably on another path; RTO per RFC 6298 with a
+//!   acknowledged one) and retransmitted where it is expected first, each path's loss estimate
+//!   (ACK evidence, a moving average over about 64 packets) counting against it; once no new data is
+//!   left, idle paths carry copies of the unacknowledged segments most likely lost (tail copies, at
+//!   most 3 transmissions of a segment in flight); RTO per RFC 6298 with a
 //!   configurable floor. A path whose RTO fires is failed: its packets are retransmitted
 //!   elsewhere and it carries only probes (at most every `max_probe_interval`) until one is
 //!   answered, then it is re-admitted with its rate estimate.
