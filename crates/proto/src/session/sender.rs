@@ -321,15 +321,7 @@ impl Sender {
         if self.paths.remove(&path).is_none() {
             return;
         }
-        let lost: Vec<u64> = self
-            .in_flight
-            .iter()
-            .filter(|(_, info)| info.path == path)
-            .map(|(&pn, _)| pn)
-            .collect();
-        for pn in lost {
-            self.declare_lost(pn, false);
-        }
+        self.resend_all_from(path);
         if self.config.policy == Policy::Nkp24 {
             self.normalize_windows();
         }
@@ -671,6 +663,20 @@ impl Sender {
         }
     }
 
+    /// Takes everything in flight on `path` out of flight and queues it to go again (the path was
+    /// removed or failed; that says nothing about its loss rate).
+    fn resend_all_from(&mut self, path: PathId) {
+        let lost: Vec<u64> = self
+            .in_flight
+            .iter()
+            .filter(|(_, info)| info.path == path)
+            .map(|(&pn, _)| pn)
+            .collect();
+        for pn in lost {
+            self.declare_lost(pn, false);
+        }
+    }
+
     /// Takes `pn` out of flight and queues its segment for retransmission (preferably on another
     /// path). `by_evidence`: ACKs showed the path lost it, which counts in the path's loss
     /// estimate (a refused send, a removed path or an RTO says nothing about the loss rate).
@@ -797,15 +803,7 @@ impl Sender {
             .collect();
         for id in expired {
             self.stats.timeouts += 1;
-            let lost: Vec<u64> = self
-                .in_flight
-                .iter()
-                .filter(|(_, info)| info.path == id)
-                .map(|(&pn, _)| pn)
-                .collect();
-            for pn in lost {
-                self.declare_lost(pn, false);
-            }
+            self.resend_all_from(id);
             if let Some(path) = self.paths.get_mut(&id) {
                 path.timer_start = None;
                 path.outstanding.clear();
