@@ -57,18 +57,7 @@ pub fn run_case(
     }
     lab.link_both("a", "b", spec)
         .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
-    let finished = lab
-        .run(case.duration(), progress)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
-    if !finished {
-        return Err(ScenarioError::failed(
-            case,
-            format!(
-                "did not finish within {} s of virtual time",
-                case.duration_s
-            ),
-        ));
-    }
+    crate::scenario::run_case_to_end(&mut lab, case, progress)?;
     let metrics = metrics
         .borrow()
         .iter()

@@ -521,18 +521,7 @@ pub fn run_case(
             table.push(SocketAddr::new(ip, GRPC_PORT));
         }
     }
-    let finished = lab
-        .run(case.duration(), progress)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
-    if !finished {
-        return Err(ScenarioError::failed(
-            case,
-            format!(
-                "the run did not finish within {} s of virtual time",
-                case.duration_s
-            ),
-        ));
-    }
+    crate::scenario::run_case_to_end(&mut lab, case, progress)?;
     let metrics = metrics.lock().unwrap_or_else(|e| e.into_inner()).clone();
     Ok(metrics)
 }

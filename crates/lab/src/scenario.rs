@@ -50,6 +50,27 @@ impl ScenarioError {
     }
 }
 
+/// Runs `lab` for `case`'s duration; a lab error, or clients still running at the end, fail the case.
+pub fn run_case_to_end(
+    lab: &mut crate::lab::Lab,
+    case: &CaseFile,
+    progress: impl FnMut(Duration),
+) -> Result<(), ScenarioError> {
+    let finished = lab
+        .run(case.duration(), progress)
+        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+    if !finished {
+        return Err(ScenarioError::failed(
+            case,
+            format!(
+                "the run did not finish within {} s of virtual time",
+                case.duration_s
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A link as scenario files write it.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
