@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use meshwire_proto::gossip::{
+use meshwire_gossip::proto::{
     decode_batch, encode_batch, BatchLimits, ClassId, ClassPolicy, Gossip, GossipConfig, Relay,
 };
 use meshwire_proto::PeerId;

@@ -1,4 +1,4 @@
-//! Fuzz the object-message decoders in `meshwire_proto::object` with bytes a hostile peer could send.
+//! Fuzz the object-message decoders in `meshwire_objects::proto::object` with bytes a hostile peer could send.
 //!
 //! Input layout: `[max_content][message...]`; `max_content` (0..=255) keeps the size limit reachable.
 //!
@@ -10,7 +10,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use meshwire_proto::object::{
+use meshwire_objects::proto::object::{
     self, content_hash, decode_fetch, decode_fetched, decode_store, decode_stored, FetchMode,
     Fetched,
 };

@@ -6,7 +6,7 @@
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use meshwire_proto::route::{RelayReply, RelayRequest, RouteHeader};
+use meshwire_session::proto::route::{RelayReply, RelayRequest, RouteHeader};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok((header, packet)) = RouteHeader::decode(Bytes::copy_from_slice(data)) {

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use meshwire_proto::session::{Packet, PathId, Policy, Receiver, SessionConfig};
+use meshwire_session::proto::{Packet, PathId, Policy, Receiver, SessionConfig};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mtu, datagram)) = data.split_first() else {

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use bytes::Bytes;
 use meshwire::{Keypair, Node, NodeConfig, PeerId, ProtocolId};
-use meshwire_daemon::objects::{ObjectConfig, ObjectService};
-use meshwire_daemon::store::Store;
+use meshwire_objects::net::store::Store;
+use meshwire_objects::net::{ObjectConfig, ObjectService};
 
 use crate::ECHO;
 
@@ -106,11 +106,11 @@ async fn demo() -> anyhow::Result<Vec<Node>> {
 async fn http_api(nodes: &[Node]) -> anyhow::Result<Vec<String>> {
     let mut urls = Vec::new();
     for node in nodes {
-        let store = Store::in_memory(meshwire_daemon::store::DEFAULT_CACHE_BYTES)?;
+        let store = Store::in_memory(meshwire_objects::net::store::DEFAULT_CACHE_BYTES)?;
         let service = ObjectService::new(node.clone(), store, ObjectConfig::default(), None)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         urls.push(format!("http://{}", listener.local_addr()?));
-        tokio::spawn(meshwire_daemon::http::serve(
+        tokio::spawn(meshwire_objects::net::http::serve(
             listener,
             service,
             std::future::pending(),

@@ -92,19 +92,19 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot start a node on {}", settings.listen))?;
     node.handle(ECHO, |_, body: Bytes| async move { Ok(body) });
     let store_path = settings.data_dir.join("objects.redb");
-    let store = meshwire_daemon::store::Store::open(
+    let store = meshwire_objects::net::store::Store::open(
         &store_path,
-        meshwire_daemon::store::DEFAULT_CACHE_BYTES,
+        meshwire_objects::net::store::DEFAULT_CACHE_BYTES,
     )
     .with_context(|| format!("cannot open the object store {}", store_path.display()))?;
     let objects =
-        meshwire_daemon::objects::ObjectService::new(node.clone(), store, settings.objects, None)?;
+        meshwire_objects::net::ObjectService::new(node.clone(), store, settings.objects, None)?;
     let listener = tokio::net::TcpListener::bind(settings.http)
         .await
         .with_context(|| format!("cannot listen for HTTP on {}", settings.http))?;
     let http_address = listener.local_addr()?;
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let http = tokio::spawn(meshwire_daemon::http::serve(
+    let http = tokio::spawn(meshwire_objects::net::http::serve(
         listener,
         objects,
         async move {

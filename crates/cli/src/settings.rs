@@ -105,7 +105,7 @@ pub struct Settings {
     pub peers: Vec<PeerAddress>,
     pub allowlist: Option<HashSet<PeerId>>,
     pub http: SocketAddr,
-    pub objects: meshwire_daemon::objects::ObjectConfig,
+    pub objects: meshwire_objects::net::ObjectConfig,
     transport: FileTransport,
 }
 
@@ -192,8 +192,8 @@ fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
     toml::from_str(&text).with_context(|| format!("config file {} is invalid", path.display()))
 }
 
-fn object_config(file: &FileObjects) -> anyhow::Result<meshwire_daemon::objects::ObjectConfig> {
-    let mut config = meshwire_daemon::objects::ObjectConfig::default();
+fn object_config(file: &FileObjects) -> anyhow::Result<meshwire_objects::net::ObjectConfig> {
+    let mut config = meshwire_objects::net::ObjectConfig::default();
     if let Some(value) = file.replication {
         config.replication = value;
     }

@@ -1,6 +1,6 @@
 //! Gossip under an Internet Computer subnet's load: ingress at random nodes, blocks and shares every round.
 //!
-//! `nodes` hosts in a full mesh run [`meshwire::GossipService`] with one of three policies:
+//! `nodes` hosts in a full mesh run [`meshwire_gossip::GossipService`] with one of three policies:
 //!
 //! * `flood`: every class relayed by every receiver, advertised only (the IC before, `seeds/003`);
 //! * `ic-origin`: ingress advertised by its origin only, consensus artifacts relayed by all;
@@ -27,8 +27,8 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use meshwire::proto::gossip::{ArtifactId, ClassId, ClassPolicy, ClassStats, GossipConfig, Relay};
-use meshwire::{GossipService, GossipSettings};
+use meshwire_gossip::proto::{ArtifactId, ClassId, ClassPolicy, ClassStats, GossipConfig, Relay};
+use meshwire_gossip::{GossipService, GossipSettings};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 

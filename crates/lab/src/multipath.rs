@@ -10,7 +10,7 @@
 //! NKN's emulator, the sender's writer blocks on a path for 1/rate after each datagram
 //! (`Sender::block_path_until`), unless the case sets `writer_blocks = 0`.
 //!
-//! The sans-IO session (`meshwire_proto::session`) is driven directly over raw lab UDP sockets,
+//! The sans-IO session (`meshwire_session::proto`) is driven directly over raw lab UDP sockets,
 //! one datagram per packet, so the windows under test govern alone (no QUIC congestion control
 //! underneath). Workloads: `transfer` (send `mib` MiB, measure goodput) and `converge` (send
 //! without end, sample every path's in-flight packets every 10 ms, measure when the shares settle).
@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
-use meshwire_proto::session::{Packet, PathId, Policy, Receiver, Sender, SessionConfig};
+use meshwire_session::proto::{Packet, PathId, Policy, Receiver, Sender, SessionConfig};
 
 use crate::lab::{clock, Lab, LabEvent};
 use crate::link::{LinkSpec, Rate};
@@ -62,7 +62,7 @@ pub fn run_case(
     let fail = |reason: String| ScenarioError::failed(case, reason);
     let policy: Policy = policy
         .parse()
-        .map_err(|e: meshwire_proto::session::SessionError| fail(e.to_string()))?;
+        .map_err(|e: meshwire_session::proto::SessionError| fail(e.to_string()))?;
     let paths: Vec<LinkFile> = case
         .params
         .get("paths")

@@ -1,4 +1,4 @@
-//! The real `meshwire::session::Session` over QUIC datagrams in the lab: a direct path and
+//! The real `meshwire_session::net::Session` over QUIC datagrams in the lab: a direct path and
 //! optionally a path through a relay node, with paths removed and added back mid-transfer.
 //!
 //! Hosts: `a` (sender), `b` (receiver), `r` (relay). The direct path's spec is on the `a -> b`
@@ -12,9 +12,9 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use meshwire::proto::session::{PathId, Policy};
-use meshwire::session::{SessionHost, SessionHostError, SessionSettings, SessionStats};
 use meshwire::Node;
+use meshwire_session::net::{SessionHost, SessionHostError, SessionSettings, SessionStats};
+use meshwire_session::proto::{PathId, Policy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::lab::{clock, Lab};
@@ -103,7 +103,7 @@ fn node_config(
 
 /// Adds a relay path, waiting while the relay has not reached the other end yet.
 async fn add_relay(
-    session: &meshwire::session::Session,
+    session: &meshwire_session::net::Session,
     relay: meshwire::PeerId,
 ) -> Result<(), SessionHostError> {
     let mut attempts = 0;
@@ -285,10 +285,10 @@ fn inject_malformed(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let garbage = Bytes::from_static(&[0xee, 1, 2, 3]);
     node.send_datagram(b, garbage.clone())?;
-    let header = meshwire::proto::route::RouteHeader {
+    let header = meshwire_session::proto::route::RouteHeader {
         session,
         path: DIRECT.0,
-        route: meshwire::proto::route::Route::Direct,
+        route: meshwire_session::proto::route::Route::Direct,
     };
     node.send_datagram(b, header.encode_with(&[0x7f, 0, 0]))?;
     let mut board = board.borrow_mut();
@@ -330,7 +330,7 @@ pub fn run_case(
     let policy: Policy =
         policy
             .parse()
-            .map_err(|error: meshwire::proto::session::SessionError| {
+            .map_err(|error: meshwire_session::proto::SessionError| {
                 ScenarioError::failed(case, error.to_string())
             })?;
     let direct = link(case, "direct")?

@@ -23,10 +23,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use meshwire::PeerId;
-use meshwire_daemon::objects::{ObjectConfig, ObjectService, FETCH};
-use meshwire_daemon::store::Store;
-use meshwire_proto::object::{content_hash, FetchMode, Stamp};
-use meshwire_proto::quorum::{Policy, QuorumConfig};
+use meshwire_objects::net::store::Store;
+use meshwire_objects::net::{ObjectConfig, ObjectService, FETCH};
+use meshwire_objects::proto::object::{content_hash, FetchMode, Stamp};
+use meshwire_objects::proto::quorum::{Policy, QuorumConfig};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -78,7 +78,7 @@ pub fn run_case(
     let policy: Policy =
         policy_name
             .parse()
-            .map_err(|error: meshwire_proto::quorum::QuorumError| {
+            .map_err(|error: meshwire_objects::proto::quorum::QuorumError| {
                 ScenarioError::failed(case, error.to_string())
             })?;
     let servers = case.param_u64("servers", 16)? as usize;

@@ -6,8 +6,8 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use meshwire::proto::gossip::{ArtifactId, ClassId, ClassPolicy, GossipConfig, Relay};
-use meshwire::{GossipService, GossipSettings};
+use meshwire_gossip::proto::{ArtifactId, ClassId, ClassPolicy, GossipConfig, Relay};
+use meshwire_gossip::{GossipService, GossipSettings};
 use meshwire_lab::lab::{clock, wan_link};
 use meshwire_lab::{Lab, LabEvent, LinkSpec};
 

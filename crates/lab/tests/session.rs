@@ -1,12 +1,12 @@
-//! `meshwire::session::Session` over QUIC datagrams in the lab (virtual time): a direct path and a
+//! `meshwire_session::net::Session` over QUIC datagrams in the lab (virtual time): a direct path and a
 //! path through a relay deliver the whole stream in order, a path removed and added back
 //! mid-transfer loses nothing, malformed datagrams are refused, typed and counted.
 
 use std::time::Duration;
 
-use meshwire::proto::session::Policy;
 use meshwire_lab::session::{run_transfer, TransferPlan, DIRECT, RELAYED};
 use meshwire_lab::{LinkSpec, Rate};
+use meshwire_session::proto::Policy;
 
 fn path(packets_per_sec: u64, latency_ms: u64) -> LinkSpec {
     LinkSpec {

@@ -26,19 +26,14 @@ pub struct ReadmeDoctests;
 mod config;
 mod datagram;
 mod framing;
-pub mod gossip;
 mod identity;
 mod metrics;
 mod node;
 pub mod pipeline;
-pub mod session;
 pub mod tls;
 
 pub use config::{ConfigError, Congestion, NodeConfig, QueueLimits, TransportSettings};
 pub use datagram::{DatagramError, InboundDatagram};
-pub use gossip::{
-    Delivered, GossipService, GossipServiceError, GossipSettings, GossipValidator, GOSSIP_PROTOCOL,
-};
 pub use identity::{IdentityError, Keypair, IDENTITY_FILE};
 pub use meshwire_proto::backoff::Backoff;
 pub use meshwire_proto::batch::{BatchHeader, BatchLimits, Chunk};

@@ -25,6 +25,8 @@
 //! `meshwire_ring_ping_seconds`, all values the histogram `meshwire_ring_ping_duration_seconds`,
 //! and [`Pipeline::status`] reports it.
 
+pub mod window;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -33,13 +35,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use meshwire_proto::batch::{BatchHeader, Chunk};
-use meshwire_proto::pipeline::{Outcome, Window};
 use meshwire_proto::wire::ProtocolId;
 use meshwire_proto::PeerId;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
+use window::{Outcome, Window};
 
 use crate::node::{BatchError, InboundBatch, Node, SubscribeError};
 

@@ -1,6 +1,4 @@
-//! Run meshwire's protocols as pure state machines: wire and batch codecs, pipeline windows,
-//! identities, reconnect policy, gossip, object placement and merging, quorum planning and
-//! multipath sessions with their route headers.
+//! Share what every meshwire protocol needs: peer identities, the wire and batch codecs, reconnect backoff and hashing.
 //!
 //! Nothing in this crate touches a socket, reads a clock or draws from a global random number
 //! generator. Time arrives as `now` arguments and randomness as an injected [`rand::RngCore`], so the
@@ -8,14 +6,8 @@
 
 pub mod backoff;
 pub mod batch;
-pub mod gossip;
 pub mod hash;
-pub mod object;
 pub mod peer_id;
-pub mod pipeline;
-pub mod quorum;
-pub mod route;
-pub mod session;
 pub mod wire;
 
 pub use peer_id::PeerId;

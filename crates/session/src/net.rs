@@ -1,5 +1,5 @@
 //! A reliable, ordered byte session between two nodes over several paths, direct or through relay
-//! peers, carried in QUIC datagrams and driven by [`meshwire_proto::session::Endpoint`].
+//! peers, carried in QUIC datagrams and driven by [`crate::proto::Endpoint`].
 //!
 //! A [`SessionHost`] owns a node's inbound datagrams. It routes each one by its
 //! [`RouteHeader`] to a local [`Session`], or — for a path this node agreed to relay — forwards it
@@ -9,7 +9,7 @@
 //! that arrive and answers on the path each came from.
 //!
 //! The session's own windows govern what is in flight: every datagram the session hands to quinn
-//! is either queued or refused ([`crate::DatagramError::BufferFull`]), and a refused one is handed
+//! is either queued or refused ([`meshwire::DatagramError::BufferFull`]), and a refused one is handed
 //! back to the session as a send error (meshwire's policy resends it, preferably on another path).
 //!
 //! Relays: a node forwards only (session, path) pairs it agreed to in a [`RelayRequest`], only
@@ -26,11 +26,11 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::Bytes;
-use meshwire_proto::route::{
+use crate::proto::route::{
     RelayOp, RelayReply, RelayRequest, Route, RouteError, RouteHeader, RELAYED_HEADER_LEN,
 };
-use meshwire_proto::session::{Endpoint, PathId, Policy, SessionConfig, SessionError};
+use crate::proto::{Endpoint, PathId, Policy, SessionConfig, SessionError};
+use bytes::Bytes;
 use meshwire_proto::wire::ProtocolId;
 use meshwire_proto::PeerId;
 use rand::rngs::SmallRng;
@@ -39,8 +39,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
-use crate::datagram::{DatagramError, InboundDatagram};
-use crate::node::{HandlerError, Node, RequestError};
+use meshwire::{DatagramError, InboundDatagram};
+use meshwire::{HandlerError, Node, RequestError};
 
 /// The request protocol relays answer on.
 pub const RELAY_PROTOCOL: ProtocolId = ProtocolId(0x6d77_7201);
@@ -567,7 +567,7 @@ impl Session {
     }
 
     /// What the sans-IO sender knows about each path (window, RTT, rate, state).
-    pub fn path_stats(&self) -> Vec<(PathId, meshwire_proto::session::PathStats)> {
+    pub fn path_stats(&self) -> Vec<(PathId, crate::proto::PathStats)> {
         lock(&self.shared).endpoint.sender.paths().collect()
     }
 

@@ -26,7 +26,7 @@
 //! whose holders have the highest summed trust wins, then the most holders, then the smaller hash
 //! (so every reader picks the same copy).
 
-use crate::hash::sha256;
+use meshwire_proto::hash::sha256;
 
 /// Longest key, in bytes.
 pub const MAX_KEY_LEN: usize = 256;

@@ -20,7 +20,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::peer_id::{PeerId, PEER_ID_LEN};
+use meshwire_proto::peer_id::{PeerId, PEER_ID_LEN};
 
 const KIND_DIRECT: u8 = 1;
 const KIND_TO_RELAY: u8 = 2;

@@ -1,12 +1,14 @@
 //! Gossip over real nodes on loopback: delivery per relay policy, validation and metrics.
 
+#[path = "../../meshwire/tests/support/mod.rs"]
 mod support;
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use meshwire::proto::gossip::{ClassId, ClassPolicy, GossipConfig, Relay};
-use meshwire::{Delivered, GossipService, GossipSettings, GossipValidator, Node};
+use meshwire::Node;
+use meshwire_gossip::proto::{ClassId, ClassPolicy, GossipConfig, Relay};
+use meshwire_gossip::{Delivered, GossipService, GossipSettings, GossipValidator};
 use support::*;
 use tokio::sync::mpsc;
 
@@ -137,7 +139,7 @@ async fn a_malformed_gossip_batch_closes_the_senders_connection() {
     nodes[0]
         .send(
             nodes[1].peer_id(),
-            meshwire::GOSSIP_PROTOCOL,
+            meshwire_gossip::GOSSIP_PROTOCOL,
             Bytes::from_static(b"\xffnot a gossip batch"),
         )
         .await

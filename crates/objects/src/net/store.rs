@@ -12,14 +12,14 @@
 //! Hot objects are kept in a bounded in-memory cache of shared buffers, so many readers of one large
 //! object share one copy (the 250-reader test in `bench/http.sh`).
 //!
-//! [`merge`]: meshwire_proto::object::merge
+//! [`merge`]: crate::proto::object::merge
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::Mutex;
 
+use crate::proto::object::{content_hash, Stamp};
 use bytes::Bytes;
-use meshwire_proto::object::{content_hash, Stamp};
 use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
 
 const OBJECTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("objects");

@@ -27,8 +27,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::objects::{ObjectService, ObjectServiceError};
-use crate::store::StoredObject;
+use super::service::{ObjectService, ObjectServiceError};
+use super::store::StoredObject;
 
 /// Size of the chunks a response body is streamed in.
 pub const CHUNK_BYTES: usize = 64 * 1024;
@@ -130,7 +130,7 @@ async fn put_object(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ObjectServiceError> {
-    meshwire_proto::object::validate_key(&key).map_err(ObjectServiceError::InvalidKey)?;
+    crate::proto::object::validate_key(&key).map_err(ObjectServiceError::InvalidKey)?;
     let max = service.config().max_object_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -171,7 +171,7 @@ async fn get_object(
         let object = service.get_local(&key)?;
         return Ok(object_response(object, None));
     }
-    meshwire_proto::object::validate_key(&key).map_err(ObjectServiceError::InvalidKey)?;
+    crate::proto::object::validate_key(&key).map_err(ObjectServiceError::InvalidKey)?;
     let read = service.get(&key).await?;
     Ok(object_response(read.object, Some(read.answers)))
 }

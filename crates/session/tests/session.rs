@@ -5,7 +5,7 @@ use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use meshwire_proto::session::{Packet, PathId, Policy, Receiver, Sender, SessionConfig};
+use meshwire_session::proto::{Packet, PathId, Policy, Receiver, Sender, SessionConfig};
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};

@@ -1,6 +1,6 @@
 //! Gossip artifacts over a node: publish, receive what peers spread, purge; batches go out with `send_many`.
 //!
-//! The protocol is the sans-IO [`meshwire_proto::gossip`] state machine; this module is its driver.
+//! The protocol is the sans-IO [`crate::proto`] state machine; this module is its driver.
 //! A [`GossipService`] subscribes to one protocol id on a [`Node`], feeds the state machine every
 //! inbound batch, connection change and timer, and hands every outgoing batch to
 //! [`Node::send_many`] with all of its recipients, so a push or an advert batch is encoded once
@@ -14,8 +14,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use crate::proto::{self as gossip, ArtifactId, ClassId, ClassStats, Event, GossipConfig};
 use bytes::Bytes;
-use meshwire_proto::gossip::{self, ArtifactId, ClassId, ClassStats, Event, GossipConfig};
 use meshwire_proto::wire::ProtocolId;
 use meshwire_proto::PeerId;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -24,7 +24,7 @@ use prometheus_client::metrics::family::Family;
 use tokio::sync::{broadcast, mpsc, Notify};
 use tokio::time::Instant;
 
-use crate::node::{ConnectionEvent, Node, SubscribeError};
+use meshwire::{ConnectionEvent, Node, SubscribeError};
 
 /// The protocol id gossip batches travel on unless configured otherwise ("GOSP").
 pub const GOSSIP_PROTOCOL: ProtocolId = ProtocolId(0x474f_5350);
@@ -356,7 +356,7 @@ struct Driver {
 impl Driver {
     async fn run(
         self,
-        mut inbox: mpsc::Receiver<crate::node::InboundMessage>,
+        mut inbox: mpsc::Receiver<meshwire::InboundMessage>,
         mut events: broadcast::Receiver<ConnectionEvent>,
     ) {
         let mut peers: BTreeSet<PeerId> = self.node.connected_peers().into_iter().collect();

@@ -4,7 +4,7 @@
 //! # Design
 //!
 //! Replicas of a key are the R heaviest of this node and its known peers under rendezvous hashing
-//! ([`meshwire_proto::object::replicas_for`]). This node may be one of them; it then answers itself
+//! ([`crate::proto::object::replicas_for`]). This node may be one of them; it then answers itself
 //! from its store, through the same plan as the remote replicas.
 //!
 //! - **Write** (`put`): the version is a hybrid clock, `max(held version + 1, Unix time in ms)`, so
@@ -19,27 +19,27 @@
 //!   checked). Replicas that answered with an older copy or none are repaired in the background.
 //!
 //! Each request has a deadline covering the whole exchange; no read ever waits on a peer beyond it.
-//! The node-to-node messages are in [`meshwire_proto::object`].
+//! The node-to-node messages are in [`crate::proto::object`].
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::stream::{FuturesUnordered, StreamExt};
-use meshwire::{HandlerError, Node, PeerId, ProtocolId};
-use meshwire_proto::object::{
+use crate::proto::object::{
     self, content_hash, decode_fetched, decode_stored, merge, FetchMode, Fetched, ObjectError,
     Stamp, Vote,
 };
-use meshwire_proto::quorum::{Outcome, PeerScores, Policy, QuorumConfig, QuorumError, ScoreConfig};
+use crate::proto::quorum::{Outcome, PeerScores, Policy, QuorumConfig, QuorumError, ScoreConfig};
+use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use meshwire::{HandlerError, Node, PeerId, ProtocolId};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
-use crate::store::{Store, StoreError, StoredObject};
+use super::store::{Store, StoreError, StoredObject};
 
 /// Requests for an object's metadata or content.
 pub const FETCH: ProtocolId = ProtocolId(0x6f62_0001);
@@ -636,7 +636,7 @@ impl ObjectService {
     /// requests still in flight are cancelled (reads) or left to finish in the background (writes).
     async fn drive<T, F, Fut>(
         &self,
-        mut plan: meshwire_proto::quorum::QuorumPlan<PeerId>,
+        mut plan: crate::proto::quorum::QuorumPlan<PeerId>,
         ask: F,
         leftover: Leftover,
     ) -> (Vec<(PeerId, T)>, Outcome)

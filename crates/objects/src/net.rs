@@ -1,0 +1,8 @@
+//! The object service over a [`meshwire::Node`], its redb store and its HTTP API.
+
+pub mod http;
+pub mod service;
+pub mod store;
+
+pub use service::{ObjectConfig, ObjectService, ObjectServiceError, FETCH, STORE};
+pub use store::{Store, StoreError, StoredObject};
