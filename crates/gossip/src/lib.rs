@@ -45,6 +45,106 @@
 //! [`Gossip::poll_event`] after each input and call [`Gossip::handle_timeout`] at
 //! [`Gossip::poll_timeout`].
 //!
+//! meshwire spreads artifacts (ingress messages, blocks, signature shares, anything an application
+//! publishes) to every peer with advertise-then-pull gossip and a relay policy per artifact class.
+//! The protocol is the sans-IO state machine [`proto::Gossip`]; [`GossipService`] (feature `net`)
+//! runs it on a [`meshwire::Node`].
+//!
+//! ## Classes and policies
+//!
+//! ```rust
+//! use std::time::Duration;
+//! use meshwire_gossip::proto::{ClassId, ClassPolicy, GossipConfig, Relay};
+//!
+//! let mut config = GossipConfig::default();
+//! config.classes.insert(ClassId(1), ClassPolicy {      // ingress
+//!     relay: Relay::Origin,            // only the node it entered advertises or pushes it
+//!     push_whole_max_bytes: 1024,      // <= 1 KiB: pushed whole, no advert, no request round trip
+//!     latency_sensitive: false,        // true: always pushed whole, and flushed at once
+//!     expiry: Duration::from_secs(10), // how long pools keep it
+//! });
+//! config.classes.insert(ClassId(2), ClassPolicy::advertise(Relay::All, Duration::from_secs(60))); // blocks
+//! ```
+//!
+//! - `Relay::All`: every node that receives and validates the artifact disseminates it again.
+//! - `Relay::Origin`: only the publisher does; a receiver never re-advertises or re-pushes it.
+//!
+//! ## Messages
+//!
+//! Batches of items on one protocol id (`GOSSIP_PROTOCOL`, "GOSP"), format in
+//! [`proto::codec`] (frozen by a golden vector):
+//!
+//! | item | meaning |
+//! |---|---|
+//! | advert (class, id, size) | "I hold this; request it from me" |
+//! | request (id) | "send me this" |
+//! | artifact (class, payload) | a response or a push; the receiver derives the id from the content |
+//! | purge (id) | "I no longer hold it; do not request it from me" |
+//!
+//! Ids are SHA-256 of the class byte and the payload, so a peer cannot pass bytes off under another
+//! artifact's id. Items queue until the next flush (`flush_interval`, default 20 ms; at once for
+//! latency-sensitive artifacts). Items for every peer and per-peer items (requests, responses,
+//! catch-up adverts) share a batch; peers that get the same batch share one encoding, and the driver
+//! sends it with `Node::send_many`. Adverts and pushes are counted once per peer they reach.
+//!
+//! ## Pulls, fallbacks, catch-up
+//!
+//! The first advert of an unknown id triggers a request to that advertiser; up to `max_advertisers`
+//! later advertisers are remembered. If the artifact has not arrived after `request_timeout`, the next
+//! advertiser is asked; when none is left the entry is dropped and a later advert starts over. When a
+//! connection comes up (first time or after a reconnect), the node advertises to that peer every
+//! `Relay::All` artifact it holds and every artifact it published, so a peer that was partitioned away
+//! catches up.
+//!
+//! ## Bounds
+//!
+//! | bound | default | what it limits |
+//! |---|---|---|
+//! | `max_pending_per_peer` | 4096 | pending (artifact, advertiser) pairs plus queued responses per peer |
+//! | `max_pending_bytes_per_peer` | 64 MiB | advertised bytes pending per peer |
+//! | `max_advertisers` | 4 | fallbacks remembered per pending artifact |
+//! | `max_pool_artifacts`, `max_pool_bytes` | 65 536, 256 MiB | the artifact pool |
+//! | `max_tombstones` | 65 536 | ids remembered after expiry, purge or rejection |
+//! | `max_batch_items`, `max_artifact_bytes` | 4096, 4 MiB | decoder limits, checked before allocation |
+//!
+//! An advert beyond its sender's budget is refused and counted (`adverts_refused`): a peer that floods
+//! adverts fills only its own budget (`a_peer_flooding_a_million_adverts_stays_within_the_memory_bound`
+//! in `crates/gossip/src/proto/tests.rs` sends one million). `Gossip::memory_bytes` accounts the
+//! state's entries and payloads and never exceeds `GossipConfig::memory_bound_bytes(peers)`.
+//!
+//! ## Validation
+//!
+//! `GossipService::spawn` takes a validator `FnMut(ClassId, &Bytes) -> bool`. An artifact it rejects
+//! is tombstoned, never delivered and never relayed, and its sender's rejection count goes up
+//! (`GossipService::rejected_from`, `meshwire_gossip_rejected_total`).
+//!
+//! A batch that does not decode closes the sender's connection (`Node::close_for_violation`, counted
+//! as `meshwire_frame_errors_total{reason="malformed_gossip"}`); a configured peer is redialed with
+//! backoff.
+//!
+//! ## Using it
+//!
+//! ```rust,ignore
+//! let (gossip, mut delivered) = GossipService::spawn(&node, GossipSettings::new(config), Box::new(|_, _| true))?;
+//! let id = gossip.publish(ClassId(1), payload)?;
+//! while let Some(artifact) = delivered.recv().await { /* artifact.id, .class, .payload, .from */ }
+//! gossip.purge(id);
+//! ```
+//!
+//! Metrics (node registry): `meshwire_gossip_{adverts,requests,pushes,pulls,duplicates,rejected,bytes}_total{class, direction}`.
+//!
+//! ## Limits of this version
+//!
+//! - A batch refused by a full per-peer send queue is counted by the node (`send_refused`) but not
+//!   retried; `All` artifacts reach such a peer again only through another peer's relay or the
+//!   catch-up adverts after a reconnect.
+//! - Validation is synchronous, inside the driver.
+//!
+//! ## Measured
+//!
+//! `scenarios/ic-gossip.toml` (kind `gossip`, see `docs/scenarios.md`) runs the seed's experiment with
+//! `flood`, `ic-origin` and `meshwire` at 14, 28 and 56 nodes. Numbers are in `docs/RESULTS.md`.
+//!
 //! # Layout
 //!
 //! [`proto`] is the sans-IO state machine (always built: no tokio, quinn, sockets or clock reads);

@@ -1,5 +1,77 @@
 //! Serve versioned objects from untrusted, sometimes slow replicas: quorum reads and writes, an embedded store, an HTTP API.
 //!
+//! # Design
+//!
+//! `meshwire node` stores versioned objects, replicates them over its peers and serves them over HTTP.
+//! Code: [`proto::quorum`] (the sans-IO quorum planner), [`proto::object`] (placement,
+//! node-to-node messages, merge), and behind the `net` feature `net::store` (redb store),
+//! `net::service` (replication) and `net::http` (axum API).
+//!
+//! ## Model
+//!
+//! - An object is `(key, version, SHA-256 of content, content)`. Keys: 1-256 bytes of `[A-Za-z0-9._-]`.
+//! - Replicas: the R heaviest of the node and its known peers under rendezvous hashing
+//!   (`SHA-256(key ‖ peer id)`), so every node computes the same set.
+//! - Write (`PUT`): version = `max(held version + 1, Unix time in ms)`; sent to all R replicas at once,
+//!   returns at W acks; the remaining replicas finish in the background.
+//! - Read (`GET`): a quorum plan asks replicas for version and hash, returns at the read quorum, merges
+//!   (highest version, then summed trust = 1 − error rate, then most holders, then smallest hash), takes
+//!   the content from the local store or a holder of the winner (hash checked), and repairs replicas that
+//!   answered with an older copy or none, in the background.
+//! - Quorum plans (`proto::quorum`): `sequential` (Zold: one replica after another), `parallel-all`
+//!   (everyone, wait for all or the deadline), `hedged` (default: the best `quorum` replicas by an EWMA
+//!   of latency and errors, a hedge to the next-best when one is later than its tail estimate
+//!   `srtt + 4·rttvar`, failures replaced at once, an occasional extra random replica to re-measure peers
+//!   that may have recovered). One deadline covers the whole request.
+//! - Store: redb file `objects.redb` in the data directory. Each write is one durable transaction (a
+//!   crash leaves the old or the new record, never a torn one); reads verify the SHA-256 and report a
+//!   damaged record as corrupt. A bounded in-memory cache (64 MiB, objects up to 16 MiB) lets many
+//!   readers of one object share one buffer.
+//!
+//! ## HTTP API
+//!
+//! | request | answer |
+//! |---|---|
+//! | `PUT /objects/{key}` (body = content) | `201` `{"key","version","hash","acks","replicas"}` |
+//! | `GET /objects/{key}` | `200` content, streamed in 64 KiB chunks; headers `ETag` (hash), `x-meshwire-version`, `x-meshwire-answers` |
+//! | `GET /objects/{key}?local=true` or header `x-meshwire-read: local` | this node's copy only |
+//! | `GET /status` | peer id, peers (connected, RTT, queued messages/bytes, latency estimate, error rate), store size, quorum settings |
+//! | `GET /peers` | the peers list of `/status` |
+//! | `GET /metrics` | Prometheus text (node metrics plus `meshwire_object_reads_total{outcome}`, `meshwire_object_writes_total{outcome}`, `meshwire_object_read_repairs_total`, `meshwire_object_read_requests_total`) |
+//!
+//! Errors are JSON `{"error": CODE, "message": TEXT, ...}`:
+//!
+//! | status | `error` | when | extra fields |
+//! |---|---|---|---|
+//! | 400 | `invalid_key` | key empty, too long, bad characters, `.` or `..` | |
+//! | 413 | `too_large` | body over `max_object_bytes` | `max_bytes` |
+//! | 404 | `not_found` | no replica (or, local read, this node) holds the key | |
+//! | 404 | `no_route` | any other path | |
+//! | 503 | `quorum_not_reached` | fewer replicas answered or acked than the quorum before the deadline | `needed`, `reached`, `asked` |
+//! | 502 | `content_unavailable` | the quorum agreed on a copy but no holder delivered its content | |
+//! | 500 | `store_error` | the local store failed or holds a corrupt record | |
+//!
+//! Connections are HTTP/1.1 keep-alive (hyper's default).
+//!
+//! ## Settings
+//!
+//! Flag `--http ADDR` (default `127.0.0.1:7780`) or `http_listen` in the config file, and:
+//!
+//! ```toml
+//! [objects]
+//! replication = 3         # R
+//! write_quorum = 2        # W
+//! read_quorum = 2
+//! read_policy = "hedged"  # sequential | parallel-all | hedged
+//! max_object_bytes = 8388608
+//! deadline_ms = 5000      # whole read or write
+//! ```
+//!
+//! ## Measured
+//!
+//! - Lab: `scenarios/zold-fetch.toml` (see `docs/scenarios.md`).
+//! - HTTP: `bench/http.sh` (wrk against a release node; see the script's header for targets).
+//!
 //! # Layout
 //!
 //! [`proto`] is sans-IO (always built: no tokio, quinn, sockets or clock reads): the object
