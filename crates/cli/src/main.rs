@@ -1,4 +1,4 @@
-//! Run meshwire from the command line: a node, its identity, or the demo.
+//! Run meshwire from the command line: a node, its identity, the demo or the lab.
 
 mod demo;
 mod lab;

@@ -1,5 +1,4 @@
-//! Carry one reliable, ordered byte stream over several paths at once, each path loaded in
-//! proportion to what it delivers.
+//! Carry one reliable, ordered byte stream over several paths at once, each path loaded in proportion to what it delivers.
 //!
 //! # Design
 //!
