@@ -1,9 +1,10 @@
-//! Gossip state machine tests: small in-memory networks stepped in simulated time.
+//! Gossip state machine tests: small networks on the shared test network, in virtual time.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use meshwire_proto::testnet::{Link, TestNet};
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -46,38 +47,35 @@ fn accept_all() -> Check {
     Box::new(|_, _| true)
 }
 
-/// Nodes joined by links of fixed latency; batches on a link may be dropped by `drop_batch`.
+/// One-way latency of every link.
+const LATENCY: Duration = Duration::from_millis(20);
+
+/// Gossip nodes on the shared test network, joined by links of fixed latency; batches on a link
+/// may be dropped by `drop_batch`.
 struct Net {
     nodes: Vec<Gossip<Check>>,
-    links: BTreeSet<(usize, usize)>,
-    now: Instant,
-    latency: Duration,
-    in_flight: VecDeque<(Instant, usize, usize, Bytes)>,
+    wire: TestNet<usize, Bytes>,
     delivered: Vec<Vec<(ArtifactId, ClassId)>>,
     drop_batch: DropRule,
 }
 
 impl Net {
     fn new(validators: Vec<Check>, links: &[(usize, usize)]) -> Self {
-        let now = Instant::now();
+        let mut wire = TestNet::new(Instant::now(), 0);
+        let now = wire.now();
         let count = validators.len();
         let mut nodes: Vec<_> = validators
             .into_iter()
             .map(|v| Gossip::new(config(), v))
             .collect();
-        let mut set = BTreeSet::new();
         for &(a, b) in links {
-            set.insert((a, b));
-            set.insert((b, a));
+            wire.connect(a, b, Link::new(LATENCY)).unwrap();
             nodes[a].handle_peer_up(peer(b), now);
             nodes[b].handle_peer_up(peer(a), now);
         }
         Self {
             nodes,
-            links: set,
-            now,
-            latency: Duration::from_millis(20),
-            in_flight: VecDeque::new(),
+            wire,
             delivered: vec![Vec::new(); count],
             drop_batch: Box::new(|_, _, _| false),
         }
@@ -102,11 +100,10 @@ impl Net {
             while let Some(transmit) = self.nodes[index].poll_transmit() {
                 for to in transmit.peers {
                     let to = Self::index_of(&to);
-                    assert!(self.links.contains(&(index, to)), "sent over no link");
                     if !(self.drop_batch)(index, to, &transmit.batch) {
-                        let at = self.now + self.latency;
-                        self.in_flight
-                            .push_back((at, index, to, transmit.batch.clone()));
+                        self.wire
+                            .send(index, to, transmit.batch.clone())
+                            .expect("sent over a link");
                     }
                 }
             }
@@ -118,30 +115,27 @@ impl Net {
         }
     }
 
-    /// Runs for `duration` of simulated time, in 1 ms steps.
+    /// Runs for `duration` of simulated time, from wake-up to wake-up: batch arrivals and the
+    /// nodes' timers.
     fn run(&mut self, duration: Duration) {
-        let end = self.now + duration;
-        while self.now < end {
+        let end = self.wire.now() + duration;
+        loop {
             self.drain();
-            while self
-                .in_flight
-                .front()
-                .is_some_and(|(at, ..)| *at <= self.now)
-            {
-                let Some((_, from, to, batch)) = self.in_flight.pop_front() else {
-                    break;
-                };
-                self.nodes[to]
-                    .handle_batch(peer(from), &batch, self.now)
+            let timers = self.nodes.iter().map(|node| node.poll_timeout());
+            if !self.wire.step_until(timers, end) {
+                break;
+            }
+            let now = self.wire.now();
+            while let Some(arrival) = self.wire.poll_arrival() {
+                self.nodes[arrival.to]
+                    .handle_batch(peer(arrival.from), &arrival.message, now)
                     .unwrap();
             }
             for node in &mut self.nodes {
-                if node.poll_timeout().is_some_and(|at| at <= self.now) {
-                    node.handle_timeout(self.now);
+                if node.poll_timeout().is_some_and(|at| at <= now) {
+                    node.handle_timeout(now);
                 }
             }
-            self.drain();
-            self.now += Duration::from_millis(1);
         }
     }
 
@@ -174,7 +168,7 @@ fn all_artifacts_are_pulled_and_relayed_across_a_line() {
         &[(0, 1), (1, 2)],
     );
     let id = net.nodes[0]
-        .publish(BLOCK, payload(1, 5000), net.now)
+        .publish(BLOCK, payload(1, 5000), net.wire.now())
         .unwrap();
     net.run(Duration::from_millis(500));
     assert!(net.nodes[1].has(&id) && net.nodes[2].has(&id));
@@ -191,7 +185,7 @@ fn origin_artifacts_are_never_re_advertised_by_a_receiver() {
     for seed in 0..10 {
         ids.push(
             net.nodes[0]
-                .publish(INGRESS, payload(seed, 1000), net.now)
+                .publish(INGRESS, payload(seed, 1000), net.wire.now())
                 .unwrap(),
         );
     }
@@ -212,7 +206,7 @@ fn origin_artifacts_are_never_re_advertised_by_a_receiver() {
 fn small_artifacts_are_pushed_whole_without_adverts() {
     let mut net = Net::full_mesh(3);
     let id = net.nodes[0]
-        .publish(SHARE, payload(7, 200), net.now)
+        .publish(SHARE, payload(7, 200), net.wire.now())
         .unwrap();
     net.run(Duration::from_millis(200));
     for index in 1..3 {
@@ -231,10 +225,10 @@ fn a_rejected_artifact_is_not_relayed_and_its_sender_is_counted() {
     let reject: Check = Box::new(|_, _| false);
     let mut net = Net::new(vec![accept_all(), reject, accept_all()], &[(0, 1), (1, 2)]);
     let block = net.nodes[0]
-        .publish(BLOCK, payload(1, 5000), net.now)
+        .publish(BLOCK, payload(1, 5000), net.wire.now())
         .unwrap();
     let share = net.nodes[0]
-        .publish(SHARE, payload(2, 100), net.now)
+        .publish(SHARE, payload(2, 100), net.wire.now())
         .unwrap();
     net.run(Duration::from_millis(500));
     assert!(!net.nodes[1].has(&block) && !net.nodes[1].has(&share));
@@ -247,8 +241,8 @@ fn a_rejected_artifact_is_not_relayed_and_its_sender_is_counted() {
         assert_eq!(net.stats(2, class), ClassStats::default());
     }
     // A second advert of the rejected block is a duplicate, not a second fetch.
-    net.nodes[0].handle_peer_down(peer(1), net.now);
-    net.nodes[0].handle_peer_up(peer(1), net.now);
+    net.nodes[0].handle_peer_down(peer(1), net.wire.now());
+    net.nodes[0].handle_peer_up(peer(1), net.wire.now());
     net.run(Duration::from_millis(200));
     assert_eq!(net.stats(1, BLOCK).requests_sent, 1);
     assert!(net.stats(1, BLOCK).duplicates >= 1);
@@ -266,7 +260,7 @@ fn a_silent_advertiser_is_replaced_after_the_request_timeout() {
         from == 0 && to == 1 && items.iter().any(|i| matches!(i, Item::Artifact { .. }))
     });
     let block = net.nodes[0]
-        .publish(BLOCK, payload(3, 5000), net.now)
+        .publish(BLOCK, payload(3, 5000), net.wire.now())
         .unwrap();
     net.run(Duration::from_millis(300));
     assert!(net.nodes[2].has(&block));
@@ -281,18 +275,18 @@ fn a_silent_advertiser_is_replaced_after_the_request_timeout() {
 #[test]
 fn a_reconnected_peer_catches_up_on_all_artifacts() {
     let mut net = Net::full_mesh(2);
-    net.nodes[0].handle_peer_down(peer(1), net.now);
-    net.nodes[1].handle_peer_down(peer(0), net.now);
+    net.nodes[0].handle_peer_down(peer(1), net.wire.now());
+    net.nodes[1].handle_peer_down(peer(0), net.wire.now());
     let block = net.nodes[0]
-        .publish(BLOCK, payload(4, 3000), net.now)
+        .publish(BLOCK, payload(4, 3000), net.wire.now())
         .unwrap();
     let ingress = net.nodes[0]
-        .publish(INGRESS, payload(5, 1000), net.now)
+        .publish(INGRESS, payload(5, 1000), net.wire.now())
         .unwrap();
     net.run(Duration::from_millis(100));
     assert!(!net.nodes[1].has(&block));
-    net.nodes[0].handle_peer_up(peer(1), net.now);
-    net.nodes[1].handle_peer_up(peer(0), net.now);
+    net.nodes[0].handle_peer_up(peer(1), net.wire.now());
+    net.nodes[1].handle_peer_up(peer(0), net.wire.now());
     net.run(Duration::from_millis(200));
     assert!(net.nodes[1].has(&block) && net.nodes[1].has(&ingress));
 }
@@ -301,11 +295,11 @@ fn a_reconnected_peer_catches_up_on_all_artifacts() {
 fn expiry_and_purge_remove_artifacts_and_late_adverts_are_duplicates() {
     let mut net = Net::full_mesh(2);
     let block = net.nodes[0]
-        .publish(BLOCK, payload(6, 3000), net.now)
+        .publish(BLOCK, payload(6, 3000), net.wire.now())
         .unwrap();
     net.run(Duration::from_millis(200));
     assert!(net.nodes[1].has(&block));
-    net.nodes[1].purge(block, net.now);
+    net.nodes[1].purge(block, net.wire.now());
     assert!(!net.nodes[1].has(&block));
     assert_eq!(net.nodes[1].pool_len(), 0);
     net.run(Duration::from_secs(31));
@@ -319,7 +313,7 @@ fn expiry_and_purge_remove_artifacts_and_late_adverts_are_duplicates() {
                 id: block,
                 size: 3000,
             }]),
-            net.now,
+            net.wire.now(),
         )
         .unwrap();
     assert_eq!(net.nodes[0].pending_len(), 0);
