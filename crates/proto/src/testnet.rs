@@ -332,15 +332,12 @@ impl<N: Copy + Ord + fmt::Debug, M> TestNet<N, M> {
     }
 
     /// When the next message in flight arrives.
-    pub fn next_arrival(&self) -> Option<Instant> {
+    fn next_arrival(&self) -> Option<Instant> {
         self.in_flight.peek().map(|Reverse(flight)| flight.at)
     }
 
     /// The next wake-up: the earlier of the next arrival and the earliest of `timers`.
-    pub fn next_wakeup(
-        &self,
-        timers: impl IntoIterator<Item = Option<Instant>>,
-    ) -> Option<Instant> {
+    fn next_wakeup(&self, timers: impl IntoIterator<Item = Option<Instant>>) -> Option<Instant> {
         timers
             .into_iter()
             .chain([self.next_arrival()])
