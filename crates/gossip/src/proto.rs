@@ -1,14 +1,23 @@
 //! The gossip state machine: pools, adverts, pulls, pushes and purges, fed events and `now`.
 
 pub mod codec;
+mod config;
+mod pool;
+mod pull;
+mod stats;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 
 pub use codec::{decode_batch, encode_batch, BatchLimits, CodecError, Item};
+pub use config::{ClassPolicy, GossipConfig, Relay};
+use config::{HELD_ENTRY_BYTES, PEER_BYTES, PENDING_ENTRY_BYTES, REQUEST_BYTES, TOMBSTONE_BYTES};
 use meshwire_proto::PeerId;
+use pool::Held;
+use pull::Pending;
+pub use stats::ClassStats;
 
 /// An artifact's content id: SHA-256 of its class byte followed by its payload.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -35,115 +44,6 @@ impl std::fmt::Debug for ArtifactId {
 /// An artifact class, chosen by the application (ingress, block, share, ...).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ClassId(pub u8);
-
-/// Who disseminates an artifact of a class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Relay {
-    /// Every node that receives and validates it re-disseminates it to all its peers.
-    All,
-    /// Only the node that published it; receivers keep it to themselves.
-    Origin,
-}
-
-/// How a class of artifacts travels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClassPolicy {
-    /// Who re-disseminates.
-    pub relay: Relay,
-    /// Artifacts of at most this many bytes are pushed whole instead of advertised (0: never).
-    pub push_whole_max_bytes: u32,
-    /// Push whole whatever the size, and flush at once instead of at the next flush tick.
-    pub latency_sensitive: bool,
-    /// How long an artifact stays in the pool.
-    pub expiry: Duration,
-}
-
-impl ClassPolicy {
-    /// Advertise-only policy with the given relay and expiry.
-    pub fn advertise(relay: Relay, expiry: Duration) -> Self {
-        Self {
-            relay,
-            push_whole_max_bytes: 0,
-            latency_sensitive: false,
-            expiry,
-        }
-    }
-
-    fn pushes(&self, size: usize) -> bool {
-        self.latency_sensitive || size <= self.push_whole_max_bytes as usize
-    }
-}
-
-/// Limits and timers of a gossip instance.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GossipConfig {
-    /// The classes this node speaks; items of other classes are ignored and counted.
-    pub classes: BTreeMap<ClassId, ClassPolicy>,
-    /// Largest artifact payload published, advertised or accepted.
-    pub max_artifact_bytes: u32,
-    /// Most artifacts in the pool.
-    pub max_pool_artifacts: usize,
-    /// Most payload bytes in the pool.
-    pub max_pool_bytes: u64,
-    /// Advert slots per peer: pending artifacts it advertised plus responses queued for it.
-    pub max_pending_per_peer: usize,
-    /// Advertised bytes per peer that may be pending at once.
-    pub max_pending_bytes_per_peer: u64,
-    /// Advertisers remembered per pending artifact (fallbacks after a timeout).
-    pub max_advertisers: usize,
-    /// How long to wait for a requested artifact before asking the next advertiser.
-    pub request_timeout: Duration,
-    /// Queued items wait at most this long before a batch goes out.
-    pub flush_interval: Duration,
-    /// Most items per batch, on both sides.
-    pub max_batch_items: usize,
-    /// Most ids remembered after they left the pool.
-    pub max_tombstones: usize,
-}
-
-impl Default for GossipConfig {
-    fn default() -> Self {
-        Self {
-            classes: BTreeMap::new(),
-            max_artifact_bytes: 4 * 1024 * 1024,
-            max_pool_artifacts: 65_536,
-            max_pool_bytes: 256 * 1024 * 1024,
-            max_pending_per_peer: 4096,
-            max_pending_bytes_per_peer: 64 * 1024 * 1024,
-            max_advertisers: 4,
-            request_timeout: Duration::from_secs(1),
-            flush_interval: Duration::from_millis(20),
-            max_batch_items: 4096,
-            max_tombstones: 65_536,
-        }
-    }
-}
-
-impl GossipConfig {
-    /// The decoder limits these settings imply.
-    pub fn batch_limits(&self) -> BatchLimits {
-        BatchLimits {
-            max_items: self.max_batch_items,
-            max_artifact_bytes: self.max_artifact_bytes,
-        }
-    }
-
-    /// Upper bound of [`Gossip::memory_bytes`] with `peers` peers.
-    pub fn memory_bound_bytes(&self, peers: usize) -> u64 {
-        let per_peer = self.max_pending_per_peer as u64 * (PENDING_ENTRY_BYTES + REQUEST_BYTES);
-        self.max_pool_bytes
-            + self.max_pool_artifacts as u64 * HELD_ENTRY_BYTES
-            + self.max_tombstones as u64 * TOMBSTONE_BYTES
-            + peers as u64 * (per_peer + PEER_BYTES)
-    }
-}
-
-// Accounted sizes of the state's entries (map slot, deadline entry, advertiser list).
-const HELD_ENTRY_BYTES: u64 = 160;
-const PENDING_ENTRY_BYTES: u64 = 224;
-const REQUEST_BYTES: u64 = 40;
-const TOMBSTONE_BYTES: u64 = 96;
-const PEER_BYTES: u64 = 160;
 
 /// A local call the state machine refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -212,57 +112,6 @@ pub enum Event {
         /// The peer that sent it.
         from: PeerId,
     },
-}
-
-/// Counters of one class. "Sent" counts each recipient: an advert to 55 peers is 55 adverts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ClassStats {
-    /// Adverts sent.
-    pub adverts_sent: u64,
-    /// Adverts received.
-    pub adverts_received: u64,
-    /// Adverts (and requests) refused because the peer's budget was spent.
-    pub adverts_refused: u64,
-    /// Requests sent.
-    pub requests_sent: u64,
-    /// Requests received.
-    pub requests_received: u64,
-    /// Artifacts pushed whole (unrequested), sent.
-    pub pushes_sent: u64,
-    /// Artifacts pushed whole, received.
-    pub pushes_received: u64,
-    /// Requested artifacts sent.
-    pub pulls_sent: u64,
-    /// Requested artifacts received.
-    pub pulls_received: u64,
-    /// Adverts and artifacts received for ids already held or tombstoned.
-    pub duplicates: u64,
-    /// Artifacts the validator rejected.
-    pub rejected: u64,
-    /// Artifacts dropped because the pool was full.
-    pub pool_full: u64,
-    /// Item bytes sent (batch headers excluded).
-    pub bytes_sent: u64,
-    /// Item bytes received (batch headers excluded).
-    pub bytes_received: u64,
-}
-
-struct Held {
-    class: ClassId,
-    payload: Bytes,
-    expires_at: Instant,
-    /// We advertised it, so peers may request it from us (and a purge must tell them).
-    advertised: bool,
-    /// This node published it.
-    local: bool,
-}
-
-struct Pending {
-    class: ClassId,
-    /// Each advertiser with the size it announced (and charged to its budget).
-    advertisers: Vec<(PeerId, u32)>,
-    /// The advertiser asked, and when we give up on it.
-    requested: Option<(PeerId, Instant)>,
 }
 
 #[derive(Default)]
@@ -469,66 +318,6 @@ impl<V: Validator> Gossip<V> {
         }
     }
 
-    fn handle_advert(
-        &mut self,
-        from: PeerId,
-        class: ClassId,
-        id: ArtifactId,
-        size: u32,
-        now: Instant,
-    ) {
-        if !self.config.classes.contains_key(&class) {
-            self.unknown_class += 1;
-            return;
-        }
-        let duplicate = self.pool.contains_key(&id) || self.is_tombstoned(&id, now);
-        let stats = self.stats.entry(class).or_default();
-        stats.adverts_received += 1;
-        stats.bytes_received += codec::ADVERT_LEN as u64;
-        if duplicate {
-            stats.duplicates += 1;
-            return;
-        }
-        if size > self.config.max_artifact_bytes {
-            stats.adverts_refused += 1;
-            return;
-        }
-        if let Some(pending) = self.pending.get(&id) {
-            if pending.advertisers.iter().any(|(peer, _)| *peer == from)
-                || pending.advertisers.len() >= self.config.max_advertisers
-            {
-                return;
-            }
-        }
-        let (max_slots, max_bytes) = (
-            self.config.max_pending_per_peer,
-            self.config.max_pending_bytes_per_peer,
-        );
-        let Some(peer) = self.peers.get_mut(&from) else {
-            return;
-        };
-        if peer.slots >= max_slots || peer.bytes + u64::from(size) > max_bytes {
-            self.stats.entry(class).or_default().adverts_refused += 1;
-            return;
-        }
-        peer.slots += 1;
-        peer.bytes += u64::from(size);
-        match self.pending.get_mut(&id) {
-            Some(pending) => pending.advertisers.push((from, size)),
-            None => {
-                self.pending.insert(
-                    id,
-                    Pending {
-                        class,
-                        advertisers: vec![(from, size)],
-                        requested: None,
-                    },
-                );
-                self.request_next(id, now);
-            }
-        }
-    }
-
     fn handle_request(&mut self, from: PeerId, id: ArtifactId, now: Instant) {
         let Some(held) = self.pool.get(&id) else {
             return;
@@ -720,69 +509,6 @@ impl<V: Validator> Gossip<V> {
             + TOMBSTONE_BYTES * self.tombstones.len() as u64
     }
 
-    fn pool_has_room(&self, len: usize) -> bool {
-        self.pool.len() < self.config.max_pool_artifacts
-            && self.pool_bytes + len as u64 <= self.config.max_pool_bytes
-    }
-
-    fn store(
-        &mut self,
-        id: ArtifactId,
-        class: ClassId,
-        payload: Bytes,
-        policy: ClassPolicy,
-        now: Instant,
-    ) {
-        let expires_at = now + policy.expiry;
-        self.pool_bytes += payload.len() as u64;
-        self.timers.insert((expires_at, Timer::Expiry, id));
-        self.pool.insert(
-            id,
-            Held {
-                class,
-                payload,
-                expires_at,
-                advertised: false,
-                local: false,
-            },
-        );
-    }
-
-    fn pool_expire(&mut self, id: ArtifactId, at: Instant, now: Instant) {
-        if self.pool.get(&id).is_some_and(|held| held.expires_at == at) {
-            self.remove_held(&id, now);
-        }
-    }
-
-    fn remove_held(&mut self, id: &ArtifactId, now: Instant) -> Option<Held> {
-        let held = self.pool.remove(id)?;
-        self.pool_bytes -= held.payload.len() as u64;
-        self.timers.remove(&(held.expires_at, Timer::Expiry, *id));
-        let expiry = self
-            .config
-            .classes
-            .get(&held.class)
-            .map_or(Duration::ZERO, |p| p.expiry);
-        self.tombstone(*id, now + expiry);
-        Some(held)
-    }
-
-    fn tombstone(&mut self, id: ArtifactId, until: Instant) {
-        if self.tombstones.insert(id, until).is_none() {
-            self.tombstone_order.push_back(id);
-        }
-        while self.tombstones.len() > self.config.max_tombstones {
-            let Some(oldest) = self.tombstone_order.pop_front() else {
-                break;
-            };
-            self.tombstones.remove(&oldest);
-        }
-    }
-
-    fn is_tombstoned(&self, id: &ArtifactId, now: Instant) -> bool {
-        self.tombstones.get(id).is_some_and(|until| *until > now)
-    }
-
     /// Queues `id` for every peer: pushed whole or advertised, as its class says.
     fn disseminate(
         &mut self,
@@ -821,72 +547,6 @@ impl<V: Validator> Gossip<V> {
             now + self.config.flush_interval
         };
         self.next_flush = Some(self.next_flush.map_or(at, |current| current.min(at)));
-    }
-
-    /// Asks the next advertiser of `id`, or drops the entry if none is left.
-    fn request_next(&mut self, id: ArtifactId, now: Instant) {
-        let timeout = self.config.request_timeout;
-        let Some(pending) = self.pending.get_mut(&id) else {
-            return;
-        };
-        let Some(&(peer, _)) = pending.advertisers.first() else {
-            self.pending.remove(&id);
-            return;
-        };
-        let deadline = now + timeout;
-        pending.requested = Some((peer, deadline));
-        let class = pending.class;
-        self.timers.insert((deadline, Timer::Request, id));
-        if let Some(state) = self.peers.get_mut(&peer) {
-            state.queued.push(Item::Request(id));
-        }
-        let stats = self.stats.entry(class).or_default();
-        stats.requests_sent += 1;
-        stats.bytes_sent += codec::ID_ITEM_LEN as u64;
-        self.schedule_flush(now, false);
-    }
-
-    /// Removes `peer` as an advertiser of `id`, releasing its budget; if it was the one asked,
-    /// asks the next.
-    fn forget_advertiser(&mut self, id: ArtifactId, peer: PeerId, now: Instant) {
-        let Some(pending) = self.pending.get_mut(&id) else {
-            return;
-        };
-        let Some(index) = pending.advertisers.iter().position(|(p, _)| *p == peer) else {
-            return;
-        };
-        let (_, size) = pending.advertisers.remove(index);
-        let size = u64::from(size);
-        let was_asked = pending.requested.is_none_or(|(asked, _)| asked == peer);
-        if let Some((asked, deadline)) = pending.requested {
-            if asked == peer {
-                pending.requested = None;
-                self.timers.remove(&(deadline, Timer::Request, id));
-            }
-        }
-        if let Some(state) = self.peers.get_mut(&peer) {
-            state.slots = state.slots.saturating_sub(1);
-            state.bytes = state.bytes.saturating_sub(size);
-        }
-        if was_asked {
-            self.request_next(id, now);
-        }
-    }
-
-    /// Drops the pending entry of `id` (it arrived, or is no longer wanted), releasing budgets.
-    fn drop_pending(&mut self, id: &ArtifactId) {
-        let Some(pending) = self.pending.remove(id) else {
-            return;
-        };
-        if let Some((_, deadline)) = pending.requested {
-            self.timers.remove(&(deadline, Timer::Request, *id));
-        }
-        for (peer, size) in pending.advertisers {
-            if let Some(state) = self.peers.get_mut(&peer) {
-                state.slots = state.slots.saturating_sub(1);
-                state.bytes = state.bytes.saturating_sub(u64::from(size));
-            }
-        }
     }
 
     /// Turns queued items into batches: the broadcast items go to every peer; a peer with its own

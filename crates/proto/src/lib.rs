@@ -8,6 +8,8 @@ pub mod backoff;
 pub mod batch;
 pub mod hash;
 pub mod peer_id;
+#[cfg(any(test, feature = "testnet"))]
+pub mod testnet;
 pub mod wire;
 
 pub use peer_id::PeerId;

@@ -1,14 +1,11 @@
-//! The multipath session over simulated lossy, reordering paths that fail and return.
+//! The multipath session on the shared test network: lossy, reordering paths that fail and return.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use meshwire_proto::testnet::{Link, Loss, TestNet};
 use meshwire_session::proto::{Packet, PathId, Policy, Receiver, Sender, SessionConfig};
 use proptest::prelude::*;
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 
 #[derive(Debug, Clone)]
 struct PathSpec {
@@ -20,42 +17,19 @@ struct PathSpec {
     outages: Vec<(Duration, Duration)>,
 }
 
-struct InFlightDatagram {
-    at: Instant,
-    order: u64,
-    to_receiver: bool,
-    path: PathId,
-    bytes: Bytes,
+/// One end of one path: the sender's or the receiver's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum End {
+    Sender(u32),
+    Receiver(u32),
 }
 
-impl PartialEq for InFlightDatagram {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.order) == (other.at, other.order)
-    }
-}
-impl Eq for InFlightDatagram {}
-impl PartialOrd for InFlightDatagram {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for InFlightDatagram {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at, self.order).cmp(&(other.at, other.order))
-    }
-}
-
-/// A sender and a receiver joined by emulated paths, stepped from event to event.
+/// A sender and a receiver joined by emulated paths on the shared test network, stepped from
+/// event to event.
 struct Pair {
-    start: Instant,
-    now: Instant,
+    wire: TestNet<End, Bytes>,
     sender: Sender,
     receiver: Receiver,
-    paths: Vec<PathSpec>,
-    departures: Vec<Instant>,
-    wire: BinaryHeap<Reverse<InFlightDatagram>>,
-    order: u64,
-    rng: SmallRng,
     window_bytes: usize,
     max_buffered: usize,
     delivered: Vec<u8>,
@@ -68,82 +42,55 @@ struct Pair {
 
 impl Pair {
     fn new(config: SessionConfig, paths: Vec<PathSpec>, seed: u64, read_every: Duration) -> Self {
-        let start = Instant::now();
+        let mut wire = TestNet::new(Instant::now(), seed);
         let mut sender = Sender::new(config);
-        for index in 0..paths.len() {
-            sender.add_path(PathId(index as u32), None);
+        for (index, spec) in paths.iter().enumerate() {
+            let path = index as u32;
+            sender.add_path(PathId(path), None);
+            // Outages, loss, latency and jitter (which reorders) both ways; serialization at the
+            // path's rate only towards the receiver.
+            let back = Link {
+                latency: spec.latency,
+                jitter: spec.jitter,
+                rate: None,
+                loss: Loss::Random(spec.loss),
+                outages: spec.outages.iter().map(|&(from, to)| from..to).collect(),
+            };
+            let forth = back.clone().with_rate(spec.packets_per_sec);
+            wire.link(End::Sender(path), End::Receiver(path), forth)
+                .expect("valid path");
+            wire.link(End::Receiver(path), End::Sender(path), back)
+                .expect("valid path");
         }
         Self {
-            start,
-            now: start,
+            next_read: wire.now(),
+            wire,
             sender,
             receiver: Receiver::new(config),
-            departures: vec![start; paths.len()],
-            paths,
-            wire: BinaryHeap::new(),
-            order: 0,
-            rng: SmallRng::seed_from_u64(seed),
             window_bytes: config.receive_window_bytes,
             max_buffered: 0,
             delivered: Vec::new(),
             progress: Vec::new(),
             read_every,
-            next_read: start,
         }
-    }
-
-    fn is_down(&self, path: usize) -> bool {
-        let elapsed = self.now - self.start;
-        self.paths[path]
-            .outages
-            .iter()
-            .any(|&(from, to)| from <= elapsed && elapsed < to)
-    }
-
-    fn put_on_wire(&mut self, path: PathId, bytes: Bytes, to_receiver: bool) {
-        let index = path.0 as usize;
-        if self.is_down(index) {
-            return;
-        }
-        let spec = self.paths[index].clone();
-        if self.rng.random::<f64>() < spec.loss {
-            return;
-        }
-        let mut at = self.now;
-        if to_receiver {
-            // Serialization at the path's rate, then latency and jitter (jitter reorders).
-            let departs = self.departures[index].max(self.now)
-                + Duration::from_secs_f64(1.0 / spec.packets_per_sec);
-            self.departures[index] = departs;
-            at = departs;
-        }
-        let jitter = if spec.jitter.is_zero() {
-            Duration::ZERO
-        } else {
-            Duration::from_nanos(self.rng.random_range(0..spec.jitter.as_nanos() as u64))
-        };
-        self.order += 1;
-        self.wire.push(Reverse(InFlightDatagram {
-            at: at + spec.latency + jitter,
-            order: self.order,
-            to_receiver,
-            path,
-            bytes,
-        }));
     }
 
     /// Runs until every byte of `data` is read or `limit` passes; returns whether it finished.
     fn run(&mut self, data: &[u8], limit: Duration) -> bool {
         let mut written = 0;
         loop {
+            let now = self.wire.now();
             written += self.sender.write(&data[written..]);
             if written == data.len() {
                 self.sender.finish();
             }
-            while let Some(transmit) = self.sender.poll_transmit(self.now) {
-                self.put_on_wire(transmit.path, transmit.payload, true);
+            while let Some(transmit) = self.sender.poll_transmit(now) {
+                let path = transmit.path.0;
+                self.wire
+                    .send(End::Sender(path), End::Receiver(path), transmit.payload)
+                    .expect("sent over a path");
             }
-            if self.now >= self.next_read {
+            if now >= self.next_read {
                 let mut buf = [0u8; 4096];
                 loop {
                     let n = self.receiver.read(&mut buf);
@@ -154,50 +101,43 @@ impl Pair {
                 }
                 if self.progress.last().map(|&(_, bytes)| bytes) != Some(self.delivered.len()) {
                     self.progress
-                        .push((self.now - self.start, self.delivered.len()));
+                        .push((self.wire.elapsed(), self.delivered.len()));
                 }
-                self.next_read = self.now + self.read_every;
+                self.next_read = now + self.read_every;
             }
-            while let Some(transmit) = self.receiver.poll_transmit(self.now) {
-                self.put_on_wire(transmit.path, transmit.payload, false);
+            while let Some(transmit) = self.receiver.poll_transmit(now) {
+                let path = transmit.path.0;
+                self.wire
+                    .send(End::Receiver(path), End::Sender(path), transmit.payload)
+                    .expect("sent over a path");
             }
             if self.receiver.is_finished() {
                 return true;
             }
-            let candidates = [
-                self.wire.peek().map(|Reverse(d)| d.at),
+            let timers = [
                 self.sender.poll_timeout(),
                 self.receiver.poll_timeout(),
                 (!self.read_every.is_zero()).then_some(self.next_read),
             ];
-            let Some(next) = candidates.into_iter().flatten().min() else {
+            let Some(now) = self.wire.step(timers) else {
                 return false;
             };
-            self.now = self.now.max(next);
-            if self.now - self.start > limit {
+            if self.wire.elapsed() > limit {
                 return false;
             }
-            while self.wire.peek().is_some_and(|Reverse(d)| d.at <= self.now) {
-                let Some(Reverse(datagram)) = self.wire.pop() else {
-                    break;
-                };
-                let down = self.is_down(datagram.path.0 as usize);
-                if down {
-                    continue;
-                }
-                let result = if datagram.to_receiver {
-                    let packet = Packet::decode(datagram.bytes, 1 << 16).expect("valid packet");
-                    self.receiver.handle_packet(datagram.path, packet, self.now)
-                } else {
-                    match Packet::decode(datagram.bytes, 1 << 16).expect("valid packet") {
-                        Packet::Ack(ack) => self.sender.handle_ack(datagram.path, ack, self.now),
+            while let Some(arrival) = self.wire.poll_arrival() {
+                let packet = Packet::decode(arrival.message, 1 << 16).expect("valid packet");
+                let result = match arrival.to {
+                    End::Receiver(path) => self.receiver.handle_packet(PathId(path), packet, now),
+                    End::Sender(path) => match packet {
+                        Packet::Ack(ack) => self.sender.handle_ack(PathId(path), ack, now),
                         other => panic!("sender got {other:?}"),
-                    }
+                    },
                 };
                 result.expect("a correct peer's packet is accepted");
                 self.max_buffered = self.max_buffered.max(self.receiver.buffered_bytes());
             }
-            self.sender.handle_timeout(self.now);
+            self.sender.handle_timeout(now);
         }
     }
 

@@ -1,9 +1,10 @@
-//! Gossip state machine tests: small in-memory networks stepped in simulated time.
+//! Gossip state machine tests: small networks on the shared test network, in virtual time.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use meshwire_proto::testnet::{Link, TestNet};
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -46,38 +47,41 @@ fn accept_all() -> Check {
     Box::new(|_, _| true)
 }
 
-/// Nodes joined by links of fixed latency; batches on a link may be dropped by `drop_batch`.
+/// One-way latency of every link.
+const LATENCY: Duration = Duration::from_millis(20);
+
+/// Gossip nodes on the shared test network; batches on a link may be dropped by `drop_batch`.
 struct Net {
     nodes: Vec<Gossip<Check>>,
-    links: BTreeSet<(usize, usize)>,
-    now: Instant,
-    latency: Duration,
-    in_flight: VecDeque<(Instant, usize, usize, Bytes)>,
+    wire: TestNet<usize, Bytes>,
     delivered: Vec<Vec<(ArtifactId, ClassId)>>,
     drop_batch: DropRule,
 }
 
 impl Net {
+    /// Nodes joined by links of [`LATENCY`] both ways.
     fn new(validators: Vec<Check>, links: &[(usize, usize)]) -> Self {
-        let now = Instant::now();
+        let links = links.iter().map(|&(a, b)| (a, b, Link::new(LATENCY)));
+        Self::with_links(validators, links.collect())
+    }
+
+    /// Nodes joined by the given links, the same both ways.
+    fn with_links(validators: Vec<Check>, links: Vec<(usize, usize, Link)>) -> Self {
+        let mut wire = TestNet::new(Instant::now(), 0);
+        let now = wire.now();
         let count = validators.len();
         let mut nodes: Vec<_> = validators
             .into_iter()
             .map(|v| Gossip::new(config(), v))
             .collect();
-        let mut set = BTreeSet::new();
-        for &(a, b) in links {
-            set.insert((a, b));
-            set.insert((b, a));
+        for (a, b, link) in links {
+            wire.connect(a, b, link).unwrap();
             nodes[a].handle_peer_up(peer(b), now);
             nodes[b].handle_peer_up(peer(a), now);
         }
         Self {
             nodes,
-            links: set,
-            now,
-            latency: Duration::from_millis(20),
-            in_flight: VecDeque::new(),
+            wire,
             delivered: vec![Vec::new(); count],
             drop_batch: Box::new(|_, _, _| false),
         }
@@ -102,11 +106,10 @@ impl Net {
             while let Some(transmit) = self.nodes[index].poll_transmit() {
                 for to in transmit.peers {
                     let to = Self::index_of(&to);
-                    assert!(self.links.contains(&(index, to)), "sent over no link");
                     if !(self.drop_batch)(index, to, &transmit.batch) {
-                        let at = self.now + self.latency;
-                        self.in_flight
-                            .push_back((at, index, to, transmit.batch.clone()));
+                        self.wire
+                            .send(index, to, transmit.batch.clone())
+                            .expect("sent over a link");
                     }
                 }
             }
@@ -118,30 +121,27 @@ impl Net {
         }
     }
 
-    /// Runs for `duration` of simulated time, in 1 ms steps.
+    /// Runs for `duration` of simulated time, from wake-up to wake-up: batch arrivals and the
+    /// nodes' timers.
     fn run(&mut self, duration: Duration) {
-        let end = self.now + duration;
-        while self.now < end {
+        let end = self.wire.now() + duration;
+        loop {
             self.drain();
-            while self
-                .in_flight
-                .front()
-                .is_some_and(|(at, ..)| *at <= self.now)
-            {
-                let Some((_, from, to, batch)) = self.in_flight.pop_front() else {
-                    break;
-                };
-                self.nodes[to]
-                    .handle_batch(peer(from), &batch, self.now)
+            let timers = self.nodes.iter().map(|node| node.poll_timeout());
+            if !self.wire.step_until(timers, end) {
+                break;
+            }
+            let now = self.wire.now();
+            while let Some(arrival) = self.wire.poll_arrival() {
+                self.nodes[arrival.to]
+                    .handle_batch(peer(arrival.from), &arrival.message, now)
                     .unwrap();
             }
             for node in &mut self.nodes {
-                if node.poll_timeout().is_some_and(|at| at <= self.now) {
-                    node.handle_timeout(self.now);
+                if node.poll_timeout().is_some_and(|at| at <= now) {
+                    node.handle_timeout(now);
                 }
             }
-            self.drain();
-            self.now += Duration::from_millis(1);
         }
     }
 
@@ -174,7 +174,7 @@ fn all_artifacts_are_pulled_and_relayed_across_a_line() {
         &[(0, 1), (1, 2)],
     );
     let id = net.nodes[0]
-        .publish(BLOCK, payload(1, 5000), net.now)
+        .publish(BLOCK, payload(1, 5000), net.wire.now())
         .unwrap();
     net.run(Duration::from_millis(500));
     assert!(net.nodes[1].has(&id) && net.nodes[2].has(&id));
@@ -191,7 +191,7 @@ fn origin_artifacts_are_never_re_advertised_by_a_receiver() {
     for seed in 0..10 {
         ids.push(
             net.nodes[0]
-                .publish(INGRESS, payload(seed, 1000), net.now)
+                .publish(INGRESS, payload(seed, 1000), net.wire.now())
                 .unwrap(),
         );
     }
@@ -212,7 +212,7 @@ fn origin_artifacts_are_never_re_advertised_by_a_receiver() {
 fn small_artifacts_are_pushed_whole_without_adverts() {
     let mut net = Net::full_mesh(3);
     let id = net.nodes[0]
-        .publish(SHARE, payload(7, 200), net.now)
+        .publish(SHARE, payload(7, 200), net.wire.now())
         .unwrap();
     net.run(Duration::from_millis(200));
     for index in 1..3 {
@@ -231,10 +231,10 @@ fn a_rejected_artifact_is_not_relayed_and_its_sender_is_counted() {
     let reject: Check = Box::new(|_, _| false);
     let mut net = Net::new(vec![accept_all(), reject, accept_all()], &[(0, 1), (1, 2)]);
     let block = net.nodes[0]
-        .publish(BLOCK, payload(1, 5000), net.now)
+        .publish(BLOCK, payload(1, 5000), net.wire.now())
         .unwrap();
     let share = net.nodes[0]
-        .publish(SHARE, payload(2, 100), net.now)
+        .publish(SHARE, payload(2, 100), net.wire.now())
         .unwrap();
     net.run(Duration::from_millis(500));
     assert!(!net.nodes[1].has(&block) && !net.nodes[1].has(&share));
@@ -247,8 +247,8 @@ fn a_rejected_artifact_is_not_relayed_and_its_sender_is_counted() {
         assert_eq!(net.stats(2, class), ClassStats::default());
     }
     // A second advert of the rejected block is a duplicate, not a second fetch.
-    net.nodes[0].handle_peer_down(peer(1), net.now);
-    net.nodes[0].handle_peer_up(peer(1), net.now);
+    net.nodes[0].handle_peer_down(peer(1), net.wire.now());
+    net.nodes[0].handle_peer_up(peer(1), net.wire.now());
     net.run(Duration::from_millis(200));
     assert_eq!(net.stats(1, BLOCK).requests_sent, 1);
     assert!(net.stats(1, BLOCK).duplicates >= 1);
@@ -266,7 +266,7 @@ fn a_silent_advertiser_is_replaced_after_the_request_timeout() {
         from == 0 && to == 1 && items.iter().any(|i| matches!(i, Item::Artifact { .. }))
     });
     let block = net.nodes[0]
-        .publish(BLOCK, payload(3, 5000), net.now)
+        .publish(BLOCK, payload(3, 5000), net.wire.now())
         .unwrap();
     net.run(Duration::from_millis(300));
     assert!(net.nodes[2].has(&block));
@@ -281,18 +281,18 @@ fn a_silent_advertiser_is_replaced_after_the_request_timeout() {
 #[test]
 fn a_reconnected_peer_catches_up_on_all_artifacts() {
     let mut net = Net::full_mesh(2);
-    net.nodes[0].handle_peer_down(peer(1), net.now);
-    net.nodes[1].handle_peer_down(peer(0), net.now);
+    net.nodes[0].handle_peer_down(peer(1), net.wire.now());
+    net.nodes[1].handle_peer_down(peer(0), net.wire.now());
     let block = net.nodes[0]
-        .publish(BLOCK, payload(4, 3000), net.now)
+        .publish(BLOCK, payload(4, 3000), net.wire.now())
         .unwrap();
     let ingress = net.nodes[0]
-        .publish(INGRESS, payload(5, 1000), net.now)
+        .publish(INGRESS, payload(5, 1000), net.wire.now())
         .unwrap();
     net.run(Duration::from_millis(100));
     assert!(!net.nodes[1].has(&block));
-    net.nodes[0].handle_peer_up(peer(1), net.now);
-    net.nodes[1].handle_peer_up(peer(0), net.now);
+    net.nodes[0].handle_peer_up(peer(1), net.wire.now());
+    net.nodes[1].handle_peer_up(peer(0), net.wire.now());
     net.run(Duration::from_millis(200));
     assert!(net.nodes[1].has(&block) && net.nodes[1].has(&ingress));
 }
@@ -301,11 +301,11 @@ fn a_reconnected_peer_catches_up_on_all_artifacts() {
 fn expiry_and_purge_remove_artifacts_and_late_adverts_are_duplicates() {
     let mut net = Net::full_mesh(2);
     let block = net.nodes[0]
-        .publish(BLOCK, payload(6, 3000), net.now)
+        .publish(BLOCK, payload(6, 3000), net.wire.now())
         .unwrap();
     net.run(Duration::from_millis(200));
     assert!(net.nodes[1].has(&block));
-    net.nodes[1].purge(block, net.now);
+    net.nodes[1].purge(block, net.wire.now());
     assert!(!net.nodes[1].has(&block));
     assert_eq!(net.nodes[1].pool_len(), 0);
     net.run(Duration::from_secs(31));
@@ -319,7 +319,7 @@ fn expiry_and_purge_remove_artifacts_and_late_adverts_are_duplicates() {
                 id: block,
                 size: 3000,
             }]),
-            net.now,
+            net.wire.now(),
         )
         .unwrap();
     assert_eq!(net.nodes[0].pending_len(), 0);
@@ -497,6 +497,96 @@ proptest! {
         prop_assert_eq!(gossip.pending_len(), 0);
         for index in 0..3 {
             prop_assert_eq!(gossip.peer_budget_used(&peer(index)), Some((0, 0)));
+        }
+    }
+}
+
+/// A connected graph: node i > 0 links to one node before it, plus extra links; each link has a
+/// latency of 1-80 ms and a jitter of up to 20 ms (which reorders batches).
+fn arb_network() -> impl Strategy<Value = (usize, Vec<(usize, usize, Link)>)> {
+    (2usize..7).prop_flat_map(|count| {
+        let tree: Vec<_> = (1..count).map(|node| 0..node).collect();
+        let extra = proptest::collection::vec((0..count, 0..count), 0..count);
+        let delays = proptest::collection::vec((1u64..80, 0u64..20), 2 * count);
+        (Just(count), tree, extra, delays).prop_map(|(count, tree, extra, delays)| {
+            let mut pairs = BTreeSet::new();
+            for (index, parent) in tree.into_iter().enumerate() {
+                pairs.insert((parent, index + 1));
+            }
+            for (a, b) in extra {
+                if a != b {
+                    pairs.insert((a.min(b), a.max(b)));
+                }
+            }
+            let links = pairs
+                .into_iter()
+                .zip(delays.into_iter().cycle())
+                .map(|((a, b), (latency, jitter))| {
+                    let link = Link::new(Duration::from_millis(latency))
+                        .with_jitter(Duration::from_millis(jitter));
+                    (a, b, link)
+                })
+                .collect();
+            (count, links)
+        })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// On any connected network with reordering links, every relayed artifact (advertised or
+    /// pushed) reaches every node and an origin-only one reaches exactly the publisher's
+    /// neighbours; each is delivered once per node, and nothing stays pending or charged.
+    #[test]
+    fn artifacts_reach_every_node_of_any_connected_network(
+        (count, links) in arb_network(),
+        publishes in proptest::collection::vec((0usize..7, 0usize..3, 1usize..6000, 0u64..300), 1..12),
+    ) {
+        let neighbours: BTreeSet<(usize, usize)> = links
+            .iter()
+            .flat_map(|(a, b, _)| [(*a, *b), (*b, *a)])
+            .collect();
+        let mut net = Net::with_links((0..count).map(|_| accept_all()).collect(), links);
+        let mut published = Vec::new();
+        for (seed, (node, class, len, wait_ms)) in publishes.into_iter().enumerate() {
+            net.run(Duration::from_millis(wait_ms));
+            let node = node % count;
+            let (class, len) = match class {
+                0 => (INGRESS, len),
+                1 => (BLOCK, len),
+                _ => (SHARE, 1 + len % 1024),
+            };
+            let id = net.nodes[node]
+                .publish(class, payload(seed as u8, len), net.wire.now())
+                .unwrap();
+            published.push((node, class, id));
+        }
+        net.run(Duration::from_secs(10));
+        for index in 0..count {
+            let mut expected: Vec<(ArtifactId, ClassId)> = published
+                .iter()
+                .filter(|(origin, class, _)| {
+                    *origin != index
+                        && (*class != INGRESS || neighbours.contains(&(*origin, index)))
+                })
+                .map(|&(_, class, id)| (id, class))
+                .collect();
+            expected.sort();
+            let mut delivered = net.delivered[index].clone();
+            delivered.sort();
+            prop_assert_eq!(delivered, expected, "node {}", index);
+            for &(origin, class, id) in &published {
+                let reached =
+                    class != INGRESS || origin == index || neighbours.contains(&(origin, index));
+                prop_assert_eq!(net.nodes[index].has(&id), reached, "node {} {:?}", index, id);
+            }
+            prop_assert_eq!(net.nodes[index].pending_len(), 0);
+            for other in 0..count {
+                if neighbours.contains(&(index, other)) {
+                    prop_assert_eq!(net.nodes[index].peer_budget_used(&peer(other)), Some((0, 0)));
+                }
+            }
         }
     }
 }

@@ -1,11 +1,10 @@
-//! The sender and receiver joined by deterministic paths (rate, then fixed latency; ACKs return
-//! over the same latency), to check what the window policy learns about each path.
+//! The sender and receiver joined by deterministic paths on the shared test network (rate, then
+//! fixed latency; ACKs return over the same latency), to check what the window policy learns about
+//! each path.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use meshwire_proto::testnet::{Link, Loss, TestNet};
 
 use super::{
     Packet, PathId, PathState, PathStats, Policy, Receiver, Sender, SenderStats, SessionConfig,
@@ -13,8 +12,13 @@ use super::{
 
 /// One-way latency and packets per second of a path.
 type Spec = (Duration, f64);
-/// A datagram on the wire: arrival, order sent, towards the receiver, path, bytes.
-type OnWire = Reverse<(Instant, u64, bool, u32, Bytes)>;
+
+/// One end of one path: the sender's or the receiver's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum End {
+    Sender(u32),
+    Receiver(u32),
+}
 
 /// What a run leaves: the sender's view of each path, when the last byte was read, its counters.
 type Outcome = (Vec<PathStats>, Option<Duration>, SenderStats);
@@ -23,55 +27,41 @@ type Outcome = (Vec<PathStats>, Option<Duration>, SenderStats);
 /// towards the receiver on path i (0: none).
 fn run(specs: &[Spec], drop_every: &[u64], bytes: usize, limit: Duration) -> Outcome {
     let config = SessionConfig::new(Policy::Meshwire);
-    let start = Instant::now();
-    let mut now = start;
+    let mut wire = TestNet::new(Instant::now(), 0);
     let mut sender = Sender::new(config);
     let mut receiver = Receiver::new(config);
-    for index in 0..specs.len() {
-        sender.add_path(PathId(index as u32), None);
+    for (index, &(latency, rate)) in specs.iter().enumerate() {
+        let path = index as u32;
+        sender.add_path(PathId(path), None);
+        let loss = match drop_every.get(index).copied().unwrap_or(0) {
+            0 => Loss::None,
+            every => Loss::EveryNth(every),
+        };
+        let forth = Link::new(latency).with_rate(rate).with_loss(loss);
+        wire.link(End::Sender(path), End::Receiver(path), forth)
+            .expect("valid path");
+        wire.link(End::Receiver(path), End::Sender(path), Link::new(latency))
+            .expect("valid path");
     }
-    let mut free_at = vec![start; specs.len()];
-    let mut wire: BinaryHeap<OnWire> = BinaryHeap::new();
-    let mut order = 0;
-    let mut sent_on = vec![0u64; specs.len()];
     let data = vec![0x42; bytes];
     let mut written = 0;
     let mut read = 0;
     let mut buf = vec![0u8; 64 * 1024];
-    while now - start <= limit {
+    while wire.elapsed() <= limit {
+        let now = wire.now();
         written += sender.write(&data[written..]);
         if written == bytes {
             sender.finish();
         }
         while let Some(transmit) = sender.poll_transmit(now) {
-            let index = transmit.path.0 as usize;
-            let (latency, rate) = specs[index];
-            let slot = &mut free_at[index];
-            *slot = (*slot).max(now) + Duration::from_secs_f64(1.0 / rate);
-            sent_on[index] += 1;
-            let every = drop_every.get(index).copied().unwrap_or(0);
-            if every > 0 && sent_on[index] % every == 0 {
-                continue;
-            }
-            order += 1;
-            wire.push(Reverse((
-                *slot + latency,
-                order,
-                true,
-                transmit.path.0,
-                transmit.payload,
-            )));
+            let path = transmit.path.0;
+            wire.send(End::Sender(path), End::Receiver(path), transmit.payload)
+                .expect("sent over a path");
         }
         while let Some(transmit) = receiver.poll_transmit(now) {
-            let (latency, _) = specs[transmit.path.0 as usize];
-            order += 1;
-            wire.push(Reverse((
-                now + latency,
-                order,
-                false,
-                transmit.path.0,
-                transmit.payload,
-            )));
+            let path = transmit.path.0;
+            wire.send(End::Receiver(path), End::Sender(path), transmit.payload)
+                .expect("sent over a path");
         }
         loop {
             let n = receiver.read(&mut buf);
@@ -82,22 +72,18 @@ fn run(specs: &[Spec], drop_every: &[u64], bytes: usize, limit: Duration) -> Out
         }
         if read == bytes {
             let stats = sender.paths().map(|(_, stats)| stats).collect();
-            return (stats, Some(now - start), sender.stats());
+            return (stats, Some(wire.elapsed()), sender.stats());
         }
-        let next = [wire.peek().map(|Reverse(d)| d.0), sender.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min()
+        let now = wire
+            .step([sender.poll_timeout()])
             .expect("something is pending while bytes remain");
-        now = now.max(next);
-        while wire.peek().is_some_and(|Reverse(d)| d.0 <= now) {
-            let Some(Reverse((_, _, to_receiver, path, datagram))) = wire.pop() else {
-                break;
-            };
-            let packet = Packet::decode(datagram, config.mtu_bytes).expect("valid datagram");
-            let result = match packet {
-                Packet::Ack(ack) if !to_receiver => sender.handle_ack(PathId(path), ack, now),
-                other => receiver.handle_packet(PathId(path), other, now),
+        while let Some(arrival) = wire.poll_arrival() {
+            let packet = Packet::decode(arrival.message, config.mtu_bytes).expect("valid datagram");
+            let result = match (arrival.to, packet) {
+                (End::Sender(path), Packet::Ack(ack)) => sender.handle_ack(PathId(path), ack, now),
+                (End::Sender(path) | End::Receiver(path), other) => {
+                    receiver.handle_packet(PathId(path), other, now)
+                }
             };
             result.expect("a correct peer's datagram is accepted");
         }

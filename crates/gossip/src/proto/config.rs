@@ -1,0 +1,116 @@
+//! Class policies and the limits and timers of a gossip instance, with the memory they account for.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::codec::BatchLimits;
+use super::ClassId;
+
+/// Who disseminates an artifact of a class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Relay {
+    /// Every node that receives and validates it re-disseminates it to all its peers.
+    All,
+    /// Only the node that published it; receivers keep it to themselves.
+    Origin,
+}
+
+/// How a class of artifacts travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassPolicy {
+    /// Who re-disseminates.
+    pub relay: Relay,
+    /// Artifacts of at most this many bytes are pushed whole instead of advertised (0: never).
+    pub push_whole_max_bytes: u32,
+    /// Push whole whatever the size, and flush at once instead of at the next flush tick.
+    pub latency_sensitive: bool,
+    /// How long an artifact stays in the pool.
+    pub expiry: Duration,
+}
+
+impl ClassPolicy {
+    /// Advertise-only policy with the given relay and expiry.
+    pub fn advertise(relay: Relay, expiry: Duration) -> Self {
+        Self {
+            relay,
+            push_whole_max_bytes: 0,
+            latency_sensitive: false,
+            expiry,
+        }
+    }
+
+    pub(super) fn pushes(&self, size: usize) -> bool {
+        self.latency_sensitive || size <= self.push_whole_max_bytes as usize
+    }
+}
+
+/// Limits and timers of a gossip instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GossipConfig {
+    /// The classes this node speaks; items of other classes are ignored and counted.
+    pub classes: BTreeMap<ClassId, ClassPolicy>,
+    /// Largest artifact payload published, advertised or accepted.
+    pub max_artifact_bytes: u32,
+    /// Most artifacts in the pool.
+    pub max_pool_artifacts: usize,
+    /// Most payload bytes in the pool.
+    pub max_pool_bytes: u64,
+    /// Advert slots per peer: pending artifacts it advertised plus responses queued for it.
+    pub max_pending_per_peer: usize,
+    /// Advertised bytes per peer that may be pending at once.
+    pub max_pending_bytes_per_peer: u64,
+    /// Advertisers remembered per pending artifact (fallbacks after a timeout).
+    pub max_advertisers: usize,
+    /// How long to wait for a requested artifact before asking the next advertiser.
+    pub request_timeout: Duration,
+    /// Queued items wait at most this long before a batch goes out.
+    pub flush_interval: Duration,
+    /// Most items per batch, on both sides.
+    pub max_batch_items: usize,
+    /// Most ids remembered after they left the pool.
+    pub max_tombstones: usize,
+}
+
+impl Default for GossipConfig {
+    fn default() -> Self {
+        Self {
+            classes: BTreeMap::new(),
+            max_artifact_bytes: 4 * 1024 * 1024,
+            max_pool_artifacts: 65_536,
+            max_pool_bytes: 256 * 1024 * 1024,
+            max_pending_per_peer: 4096,
+            max_pending_bytes_per_peer: 64 * 1024 * 1024,
+            max_advertisers: 4,
+            request_timeout: Duration::from_secs(1),
+            flush_interval: Duration::from_millis(20),
+            max_batch_items: 4096,
+            max_tombstones: 65_536,
+        }
+    }
+}
+
+impl GossipConfig {
+    /// The decoder limits these settings imply.
+    pub fn batch_limits(&self) -> BatchLimits {
+        BatchLimits {
+            max_items: self.max_batch_items,
+            max_artifact_bytes: self.max_artifact_bytes,
+        }
+    }
+
+    /// Upper bound of [`Gossip::memory_bytes`](super::Gossip::memory_bytes) with `peers` peers.
+    pub fn memory_bound_bytes(&self, peers: usize) -> u64 {
+        let per_peer = self.max_pending_per_peer as u64 * (PENDING_ENTRY_BYTES + REQUEST_BYTES);
+        self.max_pool_bytes
+            + self.max_pool_artifacts as u64 * HELD_ENTRY_BYTES
+            + self.max_tombstones as u64 * TOMBSTONE_BYTES
+            + peers as u64 * (per_peer + PEER_BYTES)
+    }
+}
+
+// Accounted sizes of the state's entries (map slot, deadline entry, advertiser list).
+pub(super) const HELD_ENTRY_BYTES: u64 = 160;
+pub(super) const PENDING_ENTRY_BYTES: u64 = 224;
+pub(super) const REQUEST_BYTES: u64 = 40;
+pub(super) const TOMBSTONE_BYTES: u64 = 96;
+pub(super) const PEER_BYTES: u64 = 160;

@@ -1,0 +1,34 @@
+//! Per-class counters of what a gossip instance sent and received.
+
+/// Counters of one class. "Sent" counts each recipient: an advert to 55 peers is 55 adverts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// Adverts sent.
+    pub adverts_sent: u64,
+    /// Adverts received.
+    pub adverts_received: u64,
+    /// Adverts (and requests) refused because the peer's budget was spent.
+    pub adverts_refused: u64,
+    /// Requests sent.
+    pub requests_sent: u64,
+    /// Requests received.
+    pub requests_received: u64,
+    /// Artifacts pushed whole (unrequested), sent.
+    pub pushes_sent: u64,
+    /// Artifacts pushed whole, received.
+    pub pushes_received: u64,
+    /// Requested artifacts sent.
+    pub pulls_sent: u64,
+    /// Requested artifacts received.
+    pub pulls_received: u64,
+    /// Adverts and artifacts received for ids already held or tombstoned.
+    pub duplicates: u64,
+    /// Artifacts the validator rejected.
+    pub rejected: u64,
+    /// Artifacts dropped because the pool was full.
+    pub pool_full: u64,
+    /// Item bytes sent (batch headers excluded).
+    pub bytes_sent: u64,
+    /// Item bytes received (batch headers excluded).
+    pub bytes_received: u64,
+}
