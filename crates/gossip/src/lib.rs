@@ -8,21 +8,21 @@
 //! 250 of 300 requests/s. Letting only the first receiver advertise ingress cut adverts to ~1.5K/s
 //! and achieved 295/300, while consensus artifacts kept full relay (`seeds/003`).
 //!
-//! Here every artifact belongs to a class with a [`ClassPolicy`]:
+//! Here every artifact belongs to a class with a [`ClassPolicy`](proto::ClassPolicy):
 //!
-//! * [`Relay::All`]: every receiver re-disseminates the artifact after validating it (consensus);
-//!   [`Relay::Origin`]: only the node that published it does (ingress). A receiver never relays
+//! * [`Relay::All`](proto::Relay::All): every receiver re-disseminates the artifact after validating it (consensus);
+//!   [`Relay::Origin`](proto::Relay::Origin): only the node that published it does (ingress). A receiver never relays
 //!   an `Origin` artifact.
 //! * `push_whole_max_bytes` and `latency_sensitive`: small or urgent artifacts are pushed whole
 //!   instead of advertised, which saves a round trip and an advert per peer.
 //! * `expiry`: how long the pool keeps the artifact.
 //!
-//! Artifact ids are the SHA-256 of the class byte and the payload ([`ArtifactId::of`]): a receiver
+//! Artifact ids are the SHA-256 of the class byte and the payload ([`ArtifactId::of`](proto::ArtifactId::of)): a receiver
 //! recomputes the id of whatever it receives, so dedup needs no trust in the sender.
 //!
-//! Messages ([`codec`]) travel in batches: adverts, requests, artifacts and purges queue until the
+//! Messages ([`codec`](proto::codec)) travel in batches: adverts, requests, artifacts and purges queue until the
 //! next flush (`flush_interval`, or at once for latency-sensitive artifacts), then go out as one
-//! batch per group of peers; peers that get the same items share one encoding ([`Transmit`] lists
+//! batch per group of peers; peers that get the same items share one encoding ([`Transmit`](proto::Transmit) lists
 //! all of them, for the driver's `send_many`). Adverts and pushes are counted per peer they reach.
 //!
 //! Pull: the first advert of an unknown id creates a pending entry and a request to that
@@ -37,13 +37,13 @@
 //! removed ids (expired, purged, rejected) are remembered as tombstones, bounded in number, so late
 //! adverts do not fetch them again.
 //!
-//! Validation: the application's [`Validator`] sees every artifact received from a peer before it
+//! Validation: the application's [`Validator`](proto::Validator) sees every artifact received from a peer before it
 //! is stored. A rejected artifact is tombstoned, never delivered or relayed, and its sender's
 //! rejection count goes up.
 //!
-//! The state machine reads no clock: every input takes `now`. Drain [`Gossip::poll_transmit`] and
-//! [`Gossip::poll_event`] after each input and call [`Gossip::handle_timeout`] at
-//! [`Gossip::poll_timeout`].
+//! The state machine reads no clock: every input takes `now`. Drain [`Gossip::poll_transmit`](proto::Gossip::poll_transmit) and
+//! [`Gossip::poll_event`](proto::Gossip::poll_event) after each input and call [`Gossip::handle_timeout`](proto::Gossip::handle_timeout) at
+//! [`Gossip::poll_timeout`](proto::Gossip::poll_timeout).
 //!
 //! meshwire spreads artifacts (ingress messages, blocks, signature shares, anything an application
 //! publishes) to every peer with advertise-then-pull gossip and a relay policy per artifact class.

@@ -8,20 +8,20 @@
 //! packets), so that each connection's share follows its throughput. It took about 10 s to converge,
 //! found loss only by timeout (RTO starting at 5 s), and slept 1 s after a send error.
 //!
-//! This module is the sans-IO core: a [`Sender`] and a [`Receiver`] (and an [`Endpoint`] holding
-//! one of each for a two-way session). The driver hands in datagrams with the [`PathId`] they came
-//! on and `now`, drains [`Transmit`]s, and calls `handle_timeout` at `poll_timeout`.
+//! The sans-IO core ([`proto`]) is a [`Sender`](proto::Sender) and a [`Receiver`](proto::Receiver) (and an [`Endpoint`](proto::Endpoint) holding
+//! one of each for a two-way session). The driver hands in datagrams with the [`PathId`](proto::PathId) they came
+//! on and `now`, drains [`Transmit`](proto::Transmit)s, and calls `handle_timeout` at `poll_timeout`.
 //!
-//! Messages ([`codec`]): `Data` (packet number, segment sequence number, FIN, ≤ MTU payload),
+//! Messages ([`codec`](proto::codec)): `Data` (packet number, segment sequence number, FIN, ≤ MTU payload),
 //! `Ack` (cumulative point, up to 32 selective ranges, the receiver's window end, the echoed packet
 //! number) and `Probe`. Packet numbers are never reused, so every ACK names one transmission and RTT
 //! samples are unambiguous (Karn's problem does not arise).
 //!
 //! Three window policies share the segmentation, SACK handling and receive window:
 //!
-//! * [`Policy::Classic`] — NCP before NKP-0024: window 16, +1 per ACK of a packet not resent,
+//! * [`Policy::Classic`](proto::Policy::Classic) — NCP before NKP-0024: window 16, +1 per ACK of a packet not resent,
 //!   halved per timed-out packet, between 1 and 256 packets.
-//! * [`Policy::Nkp24`] — NKP-0024: windows start at 4096 / n, have no cap, and are normalised to
+//! * [`Policy::Nkp24`](proto::Policy::Nkp24) — NKP-0024: windows start at 4096 / n, have no cap, and are normalised to
 //!   the session window after every change.
 //!
 //!   Both baselines keep NCP's own loss recovery: per-connection RTO starting at 5 s and moved by
@@ -30,14 +30,14 @@
 //!   without window, timed-out packets still counted in their connection's window until
 //!   acknowledged, receiver ACKs batched per connection every 50 ms, and a 1 s pause after a send
 //!   error.
-//! * [`Policy::Meshwire`] — per-path delivery rate (ACK arrivals over the last 16 ACKs, windowed
+//! * [`Policy::Meshwire`](proto::Policy::Meshwire) — per-path delivery rate (ACK arrivals over the last 16 ACKs, windowed
 //!   maximum over 2 s) and minimum RTT; window = 1.25 × rate × min RTT (one bandwidth-delay
 //!   product in flight, a quarter of headroom); until an RTT sample shows a queue (1.25 × the
 //!   minimum) or a loss, the window also grows by one per packet acknowledged from a first burst
 //!   of 128 (startup), and before its own RTT is measured a path uses the shortest delay from
 //!   sending to any ACK covering its packets (often a faster path's). Segments go to the path
 //!   with the earliest expected arrival (a departure clock advanced by 1/rate per packet, or set
-//!   by [`Sender::block_path_until`] when the transport says when the path frees up, plus half
+//!   by [`Sender::block_path_until`](proto::Sender::block_path_until) when the transport says when the path frees up, plus half
 //!   the min RTT); near the end of the
 //!   data a slow path is left idle when the others would deliver the rest sooner. Loss is detected
 //!   from ACKs (3 later packets on the same path acknowledged, or 9/8 RTT older than an

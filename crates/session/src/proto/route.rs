@@ -1,6 +1,6 @@
 //! Route session datagrams between nodes, directly or through a relay peer.
 //!
-//! Every QUIC datagram that carries a [`crate::session`] packet starts with a route header that
+//! Every QUIC datagram that carries a session packet ([`crate::proto`]) starts with a route header that
 //! names the session and the path; the session packet follows unchanged. All integers are
 //! little-endian.
 //!
