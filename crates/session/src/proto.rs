@@ -7,6 +7,7 @@ mod rtt;
 mod sender;
 #[cfg(test)]
 mod tests;
+mod window;
 
 use std::time::{Duration, Instant};
 
@@ -109,13 +110,6 @@ impl SessionConfig {
     /// Packets the session may have in flight: NCP's `sendWindowSize / sendMtu`.
     pub fn session_window_packets(&self) -> u64 {
         self.window_segments()
-    }
-
-    fn initial_rto(&self) -> Duration {
-        match self.policy {
-            Policy::Meshwire => self.initial_rto,
-            Policy::Classic | Policy::Nkp24 => self.ncp_initial_rto,
-        }
     }
 }
 
