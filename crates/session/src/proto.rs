@@ -1,7 +1,8 @@
-//! The sans-IO multipath session: a sender, a receiver and an endpoint holding both, fed datagrams and `now`.
+//! The sans-IO multipath session (a sender, a receiver and an endpoint holding both, fed datagrams and `now`) and the relay decisions of the nodes it crosses.
 
 pub mod codec;
 mod receiver;
+pub mod relay;
 pub mod route;
 mod rtt;
 mod sender;
