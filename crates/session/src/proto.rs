@@ -1,5 +1,6 @@
 //! The sans-IO multipath session (a sender, a receiver and an endpoint holding both, fed datagrams and `now`) and the relay decisions of the nodes it crosses.
 
+mod ack;
 pub mod codec;
 mod receiver;
 pub mod relay;
