@@ -16,7 +16,8 @@
 //! between the two ends named there, only to a peer it is already connected to, one datagram out
 //! of the same length per datagram in (no amplification), within a per-path token bucket, for at
 //! most [`RelayLimits::max_paths`] paths at once; an agreement idle for [`RelayLimits::idle`] is
-//! forgotten. Everything refused is counted in [`HostStats`].
+//! forgotten. The sans-IO [`RelayTable`] makes those decisions; this driver reads the clock once
+//! per event and moves the bytes. Everything refused is counted in [`HostStats`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -26,6 +27,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+pub use crate::proto::relay::RelayLimits;
+use crate::proto::relay::{RelayError, RelayTable};
 use crate::proto::route::{
     RelayOp, RelayReply, RelayRequest, Route, RouteError, RouteHeader, RELAYED_HEADER_LEN,
 };
@@ -56,14 +59,13 @@ pub enum SessionHostError {
     #[error("session rejected the packet: {0}")]
     Session(#[from] SessionError),
     /// A relay datagram for a path this node does not relay, or from a peer not in the agreement.
-    #[error("no relay agreement for session {session:#x} path {path} from {from}")]
+    #[error("relay datagram from {from} refused: {cause}")]
     NotRelayed {
-        /// Session.
-        session: u64,
-        /// Path.
-        path: u32,
         /// Sender.
         from: PeerId,
+        /// Why.
+        #[source]
+        cause: RelayError,
     },
     /// A datagram for a session this node does not know and does not accept.
     #[error("unknown session {0:#x}")]
@@ -80,30 +82,6 @@ pub enum SessionHostError {
     /// The host has as many sessions as it allows.
     #[error("too many sessions")]
     TooManySessions,
-}
-
-/// Bounds on what a node relays for others.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RelayLimits {
-    /// Paths relayed at once (0: this node relays nothing).
-    pub max_paths: usize,
-    /// Bytes per second one relayed path may carry (both directions together).
-    pub bytes_per_sec: u64,
-    /// Bytes a relayed path may send in one burst.
-    pub burst_bytes: u64,
-    /// An agreement unused this long is forgotten.
-    pub idle: Duration,
-}
-
-impl Default for RelayLimits {
-    fn default() -> Self {
-        Self {
-            max_paths: 64,
-            bytes_per_sec: 12_500_000,
-            burst_bytes: 1 << 20,
-            idle: Duration::from_secs(30),
-        }
-    }
 }
 
 /// Settings of a node's sessions.
@@ -195,18 +173,11 @@ struct Arrival {
     packet: Bytes,
 }
 
-struct RelayEntry {
-    ends: (PeerId, PeerId),
-    tokens: f64,
-    refilled: Instant,
-    last_used: Instant,
-}
-
 struct HostInner {
     node: Node,
     settings: SessionSettings,
     sessions: Mutex<HashMap<(PeerId, u64), mpsc::Sender<Arrival>>>,
-    relays: Mutex<HashMap<(u64, u32), RelayEntry>>,
+    relays: Mutex<RelayTable>,
     accept_tx: Mutex<Option<mpsc::Sender<Session>>>,
     rng: Mutex<SmallRng>,
     stats: HostStats,
@@ -245,7 +216,7 @@ impl SessionHost {
             node: node.clone(),
             settings,
             sessions: Mutex::default(),
-            relays: Mutex::default(),
+            relays: Mutex::new(RelayTable::new(settings.relay)),
             accept_tx: Mutex::default(),
             rng: Mutex::new(rng),
             stats: HostStats::default(),
@@ -258,7 +229,7 @@ impl SessionHost {
                 let host = host.ok_or_else(|| HandlerError("host stopped".into()))?;
                 let request =
                     RelayRequest::decode(&body).map_err(|error| HandlerError(error.to_string()))?;
-                Ok(host.relay_request(from, request).encode())
+                Ok(host.relay_request(from, &request).encode())
             }
         });
         Self { inner }
@@ -291,7 +262,7 @@ impl SessionHost {
     /// Routes one datagram from `from` as if it had arrived on the node; returns why it was
     /// refused (the refusal is also counted in [`HostStats`]).
     pub fn handle_datagram(&self, from: PeerId, payload: Bytes) -> Result<(), SessionHostError> {
-        self.inner.route(from, payload)
+        self.inner.route(from, payload, Instant::now())
     }
 }
 
@@ -300,14 +271,19 @@ async fn route_loop(host: Weak<HostInner>, mut datagrams: mpsc::Receiver<Inbound
         let Some(host) = host.upgrade() else {
             return;
         };
-        if let Err(error) = host.route(datagram.from, datagram.payload) {
+        if let Err(error) = host.route(datagram.from, datagram.payload, Instant::now()) {
             tracing::debug!(from = %datagram.from.short(), %error, "session datagram refused");
         }
     }
 }
 
 impl HostInner {
-    fn route(self: &Arc<Self>, from: PeerId, payload: Bytes) -> Result<(), SessionHostError> {
+    fn route(
+        self: &Arc<Self>,
+        from: PeerId,
+        payload: Bytes,
+        now: Instant,
+    ) -> Result<(), SessionHostError> {
         let (header, packet) = RouteHeader::decode(payload.clone()).inspect_err(|_| {
             self.stats.malformed.fetch_add(1, Ordering::Relaxed);
         })?;
@@ -315,7 +291,7 @@ impl HostInner {
             Route::Direct => (from, Via::Direct),
             Route::FromRelay { source } => (source, Via::Relay(from)),
             Route::ToRelay { destination } => {
-                return self.forward(from, destination, header, packet)
+                return self.forward(from, destination, header, packet, now)
             }
         };
         let arrival = Arrival {
@@ -397,46 +373,12 @@ impl HostInner {
         })
     }
 
-    fn relay_request(&self, from: PeerId, request: RelayRequest) -> RelayReply {
-        let key = (request.session, request.path);
-        let mut relays = lock(&self.relays);
-        if request.op == RelayOp::Close {
-            if relays
-                .get(&key)
-                .is_some_and(|entry| entry.ends.0 == from || entry.ends.1 == from)
-            {
-                relays.remove(&key);
-            }
-            return RelayReply::Accepted;
-        }
-        let now = Instant::now();
-        let ends = (from, request.peer);
-        if let Some(entry) = relays.get(&key) {
-            let same = entry.ends == ends || entry.ends == (ends.1, ends.0);
-            return if same {
-                RelayReply::Accepted
-            } else {
-                RelayReply::Conflict
-            };
-        }
-        let limits = self.settings.relay;
-        relays.retain(|_, entry| now.duration_since(entry.last_used) < limits.idle);
-        if relays.len() >= limits.max_paths {
-            return RelayReply::Full;
-        }
-        if from == request.peer || !self.node.connected_peers().contains(&request.peer) {
-            return RelayReply::PeerUnreachable;
-        }
-        relays.insert(
-            key,
-            RelayEntry {
-                ends,
-                tokens: limits.burst_bytes as f64,
-                refilled: now,
-                last_used: now,
-            },
-        );
-        RelayReply::Accepted
+    fn relay_request(&self, from: PeerId, request: &RelayRequest) -> RelayReply {
+        let now = Instant::now().into_std();
+        let peer_connected = request.op == RelayOp::Open
+            && from != request.peer
+            && self.node.connected_peers().contains(&request.peer);
+        lock(&self.relays).handle_request(from, request, peer_connected, now)
     }
 
     fn forward(
@@ -445,38 +387,29 @@ impl HostInner {
         destination: PeerId,
         header: RouteHeader,
         packet: Bytes,
+        now: Instant,
     ) -> Result<(), SessionHostError> {
-        let refused = || {
-            self.stats.relay_refused.fetch_add(1, Ordering::Relaxed);
-            SessionHostError::NotRelayed {
-                session: header.session,
-                path: header.path,
-                from,
-            }
-        };
-        let len = (RELAYED_HEADER_LEN + packet.len()) as f64;
-        {
-            let mut relays = lock(&self.relays);
-            let entry = relays
-                .get_mut(&(header.session, header.path))
-                .ok_or_else(refused)?;
-            if entry.ends != (from, destination) && entry.ends != (destination, from) {
-                return Err(refused());
-            }
-            let limits = self.settings.relay;
-            let now = Instant::now();
-            let elapsed = now.duration_since(entry.refilled).as_secs_f64();
-            entry.tokens = (entry.tokens + elapsed * limits.bytes_per_sec as f64)
-                .min(limits.burst_bytes as f64);
-            entry.refilled = now;
-            entry.last_used = now;
-            if entry.tokens < len {
+        let len = RELAYED_HEADER_LEN + packet.len();
+        let admitted = lock(&self.relays).admit(
+            header.session,
+            header.path,
+            from,
+            destination,
+            len,
+            now.into_std(),
+        );
+        match admitted {
+            Ok(()) => {}
+            Err(RelayError::RateLimited { .. }) => {
                 self.stats
                     .relay_rate_limited
                     .fetch_add(1, Ordering::Relaxed);
                 return Ok(());
             }
-            entry.tokens -= len;
+            Err(cause) => {
+                self.stats.relay_refused.fetch_add(1, Ordering::Relaxed);
+                return Err(SessionHostError::NotRelayed { from, cause });
+            }
         }
         let onward = RouteHeader {
             route: Route::FromRelay { source: from },
@@ -749,14 +682,17 @@ async fn drive(
 ) {
     let mut dropped_at: Option<Instant> = None;
     loop {
+        // One clock reading per turn of the loop: what is sent, the linger and the retry.
+        let now = Instant::now();
         let (deadline, blocked) = {
             let mut guard = lock(&shared);
-            let now = Instant::now().into_std();
-            let blocked = flush(&host.node, peer, id, &mut guard, now);
+            let blocked = flush(&host.node, peer, id, &mut guard, now.into_std());
             guard.wake_all();
             if guard.dropped {
-                let since = *dropped_at.get_or_insert_with(Instant::now);
-                if guard.endpoint.sender.is_idle() || since.elapsed() >= host.settings.linger {
+                let since = *dropped_at.get_or_insert(now);
+                if guard.endpoint.sender.is_idle()
+                    || now.saturating_duration_since(since) >= host.settings.linger
+                {
                     break;
                 }
             }
@@ -764,7 +700,7 @@ async fn drive(
         };
         let deadline = match (deadline.map(Instant::from_std), blocked) {
             (deadline, true) => {
-                let retry = Instant::now() + BUFFER_FULL_BACKOFF;
+                let retry = now + BUFFER_FULL_BACKOFF;
                 Some(deadline.map_or(retry, |at| at.min(retry)))
             }
             (deadline, false) => deadline,

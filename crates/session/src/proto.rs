@@ -1,12 +1,15 @@
-//! The sans-IO multipath session: a sender, a receiver and an endpoint holding both, fed datagrams and `now`.
+//! The sans-IO multipath session (a sender, a receiver and an endpoint holding both, fed datagrams and `now`) and the relay decisions of the nodes it crosses.
 
+mod ack;
 pub mod codec;
 mod receiver;
+pub mod relay;
 pub mod route;
 mod rtt;
 mod sender;
 #[cfg(test)]
 mod tests;
+mod window;
 
 use std::time::{Duration, Instant};
 
@@ -109,13 +112,6 @@ impl SessionConfig {
     /// Packets the session may have in flight: NCP's `sendWindowSize / sendMtu`.
     pub fn session_window_packets(&self) -> u64 {
         self.window_segments()
-    }
-
-    fn initial_rto(&self) -> Duration {
-        match self.policy {
-            Policy::Meshwire => self.initial_rto,
-            Policy::Classic | Policy::Nkp24 => self.ncp_initial_rto,
-        }
     }
 }
 

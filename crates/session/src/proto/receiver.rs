@@ -1,15 +1,13 @@
 //! Reassemble the stream from segments arriving on any path, acknowledge them, bound memory.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 
+use super::ack::{AckSchedule, Owed};
 use super::codec::{AckPacket, DataPacket, Packet, MAX_ACK_RANGES};
-use super::{PathId, Policy, SessionConfig, SessionError, Transmit};
-
-/// NCP's receiver acknowledges each connection's segments in a batch every 50 ms (`SendAckInterval`).
-pub const NCP_ACK_INTERVAL: Duration = Duration::from_millis(50);
+use super::{PathId, SessionConfig, SessionError, Transmit};
 
 /// The receiving half of a session.
 ///
@@ -17,7 +15,6 @@ pub const NCP_ACK_INTERVAL: Duration = Duration::from_millis(50);
 /// and not yet read by the application) never exceed the receive window.
 #[derive(Debug)]
 pub struct Receiver {
-    config: SessionConfig,
     window_segments: u64,
     /// Every segment below this was read by the application.
     next_read_seq: u64,
@@ -31,10 +28,10 @@ pub struct Receiver {
     /// Received ranges above `contiguous_end`: start to exclusive end.
     above: BTreeMap<u64, u64>,
     fin_seq: Option<u64>,
-    /// meshwire: ACKs owed, one per arrival (path, echo).
-    owed: Vec<(PathId, Option<u64>)>,
-    /// NCP: per path, segments not yet acknowledged, and when the next batch goes.
-    batches: BTreeMap<PathId, (BTreeSet<u64>, Option<Instant>)>,
+    /// ACKs owed now: echoes of arrivals and probes, window updates.
+    owed: Vec<Owed>,
+    /// When data segments are acknowledged.
+    acks: Box<dyn AckSchedule>,
     /// The window end last advertised, to decide when reading deserves a window update.
     advertised_window_end: u64,
     paths: BTreeSet<PathId>,
@@ -46,7 +43,6 @@ impl Receiver {
     pub fn new(config: SessionConfig) -> Self {
         let window_segments = config.window_segments();
         Self {
-            config,
             window_segments,
             next_read_seq: 0,
             read_offset: 0,
@@ -56,7 +52,7 @@ impl Receiver {
             above: BTreeMap::new(),
             fin_seq: None,
             owed: Vec::new(),
-            batches: BTreeMap::new(),
+            acks: config.policy.ack_schedule(),
             advertised_window_end: window_segments,
             paths: BTreeSet::new(),
             duplicates: 0,
@@ -114,14 +110,8 @@ impl Receiver {
         } else {
             self.duplicates += 1;
         }
-        match self.config.policy {
-            Policy::Meshwire => self.owed.push((path, Some(data.packet_number))),
-            Policy::Classic | Policy::Nkp24 => {
-                let (pending, due) = self.batches.entry(path).or_default();
-                pending.insert(seq);
-                due.get_or_insert(now + NCP_ACK_INTERVAL);
-            }
-        }
+        self.acks
+            .on_segment(&mut self.owed, path, seq, data.packet_number, now);
         Ok(())
     }
 
@@ -195,15 +185,10 @@ impl Receiver {
                 payload: Packet::Ack(self.ack(echo, None)).encode(),
             });
         }
-        let path = self
-            .batches
-            .iter()
-            .find(|(_, (_, due))| due.is_some_and(|due| due <= now))
-            .map(|(&path, _)| path)?;
-        let (pending, due) = self.batches.remove(&path)?;
+        let (path, (pending, due)) = self.acks.take_due(now)?;
         let ack = self.ack(None, Some(&pending));
-        // NCP sends at most MaxAckSeqListSize ranges per batch; the rest waits for the next.
-        let mut rest: BTreeSet<u64> = pending
+        // At most MAX_ACK_RANGES ranges per ACK; the rest waits for the next.
+        let rest: BTreeSet<u64> = pending
             .into_iter()
             .filter(|&seq| {
                 seq > self.contiguous_end
@@ -213,10 +198,7 @@ impl Receiver {
                         .any(|&(start, end)| (start..end).contains(&seq))
             })
             .collect();
-        if !rest.is_empty() {
-            let next = due.map(|due| due + NCP_ACK_INTERVAL);
-            self.batches.insert(path, (std::mem::take(&mut rest), next));
-        }
+        self.acks.put_back(path, (rest, due));
         self.advertised_window_end = self.window_end();
         Some(Transmit {
             path,
@@ -226,7 +208,7 @@ impl Receiver {
 
     /// When the receiver next needs [`Receiver::poll_transmit`] called without new input.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.batches.values().filter_map(|(_, due)| *due).min()
+        self.acks.poll_timeout()
     }
 
     /// Copies in-order bytes into `out`; returns how many.
@@ -294,7 +276,7 @@ impl Receiver {
     /// Forgets a path: no further window updates go to it.
     pub fn remove_path(&mut self, path: PathId) {
         self.paths.remove(&path);
-        self.batches.remove(&path);
+        self.acks.remove_path(path);
         self.owed.retain(|&(owed, _)| owed != path);
     }
 }
