@@ -186,9 +186,16 @@
 //!
 //! # Layout
 //!
-//! [`proto`] is the sans-IO session (sender, receiver, codec, route headers; always built: no
-//! tokio, quinn, sockets or clock reads); [`net`] (default feature `net`) carries it in QUIC
-//! datagrams of a [`meshwire::Node`], directly or through relay peers.
+//! [`proto`] is the sans-IO session (always built: no tokio, quinn, sockets or clock reads): sender,
+//! receiver, codec, route headers, and the relay table that decides what a node forwards for others.
+//! Each window policy is one implementation of a `WindowPolicy` trait
+//! (`proto/window/{classic,nkp24,meshwire}.rs`; the two NCP variants share NCP's recovery in
+//! `proto/window/ncp.rs`), in the shape of quinn-proto's `congestion::Controller`: the sender keeps
+//! what all policies share (segments, flight, ACK ranges, RTT and RTO, loss by ACK evidence) and hands
+//! the policy the events it decides on. The receiver's ACK timing is an `AckSchedule` (per arrival,
+//! or NCP's 50 ms batches). [`proto::Policy`] only names a policy and builds it. [`net`] (default
+//! feature `net`) carries the session in QUIC datagrams of a [`meshwire::Node`], directly or through
+//! relay peers; it reads the clock once per event and asks [`proto::relay::RelayTable`] what to admit.
 
 pub mod proto;
 
