@@ -14,6 +14,8 @@ use meshwire_proto::PeerId;
 use quinn::{Connection, SendDatagramError};
 use tokio::sync::mpsc;
 
+use crate::node::SubscribeError;
+
 /// A datagram that arrived from a peer.
 #[derive(Debug, Clone)]
 pub struct InboundDatagram {
@@ -57,14 +59,21 @@ pub(crate) struct DatagramInbox {
 }
 
 impl DatagramInbox {
-    /// Replaces the subscriber with a new one holding at most `capacity` datagrams.
-    pub(crate) fn subscribe(&self, capacity: usize) -> mpsc::Receiver<InboundDatagram> {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
-        *self
+    /// Attaches a subscriber holding at most `capacity` datagrams, unless a live one is attached.
+    pub(crate) fn subscribe(
+        &self,
+        capacity: usize,
+    ) -> Result<mpsc::Receiver<InboundDatagram>, SubscribeError> {
+        let mut subscriber = self
             .subscriber
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(tx);
-        rx
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if subscriber.as_ref().is_some_and(|tx| !tx.is_closed()) {
+            return Err(SubscribeError::DatagramsAlreadySubscribed);
+        }
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        *subscriber = Some(tx);
+        Ok(rx)
     }
 
     /// Datagrams dropped because nobody subscribed or the subscriber's queue was full.

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use meshwire_proto::wire::{Destination, ProtocolId};
+use meshwire_proto::wire::Destination;
 use meshwire_proto::PeerId;
 use quinn::{Connection, VarInt};
 use rand::rngs::SmallRng;
@@ -52,7 +52,9 @@ mod dial;
 mod events;
 mod inbound;
 mod outbound;
+mod registry;
 mod request;
+mod serve;
 mod tiebreak;
 
 pub use batch::{
@@ -60,12 +62,16 @@ pub use batch::{
     STOP_BATCH_DISCARDED, STOP_BATCH_MALFORMED, STOP_BATCH_NO_SUBSCRIBER,
 };
 pub use dial::DialError;
-pub use events::ConnectionEvent;
-pub use inbound::{InboundMessage, SubscribeError};
+use events::PeerWatchers;
+pub use events::{ConnectionEvent, PeerChange, PeerEvents};
+pub use inbound::InboundMessage;
 use outbound::OutboundQueue;
 pub use outbound::{SendError, SendManyReport};
-use request::Handler;
-pub use request::{HandlerError, RequestError};
+use registry::Registry;
+pub use registry::SubscribeError;
+pub use request::RequestError;
+use serve::Handler;
+pub use serve::{HandlerError, ServiceError};
 
 /// Connection close code: the node is shutting down.
 pub const CLOSE_SHUTDOWN: u32 = 0;
@@ -162,6 +168,8 @@ struct Peer {
     dst: Destination,
     address: Option<SocketAddr>,
     configured: bool,
+    /// Whether peer-change subscribers were last told this peer is up.
+    up: bool,
 }
 
 struct Inner {
@@ -172,9 +180,10 @@ struct Inner {
     config: NodeConfig,
     allowlist: Option<Arc<HashSet<PeerId>>>,
     peers: Mutex<HashMap<PeerId, Peer>>,
-    handlers: RwLock<HashMap<ProtocolId, Handler>>,
-    subscribers: RwLock<HashMap<ProtocolId, mpsc::Sender<InboundMessage>>>,
+    handlers: Registry<Handler>,
+    subscribers: Registry<mpsc::Sender<InboundMessage>>,
     events: broadcast::Sender<ConnectionEvent>,
+    peer_watchers: PeerWatchers,
     metrics: Arc<Metrics>,
     next_message_id: AtomicU64,
     shutdown: watch::Sender<bool>,
@@ -267,9 +276,10 @@ impl Node {
             transport,
             allowlist,
             peers: Mutex::new(HashMap::new()),
-            handlers: RwLock::new(HashMap::new()),
-            subscribers: RwLock::new(HashMap::new()),
+            handlers: Registry::default(),
+            subscribers: Registry::default(),
             events,
+            peer_watchers: PeerWatchers::default(),
             metrics,
             next_message_id: AtomicU64::new(0),
             shutdown: watch::Sender::new(false),
@@ -364,10 +374,13 @@ impl Node {
         datagram::send(&connection, payload)
     }
 
-    /// Receives every datagram peers send to this node, replacing any earlier subscriber. At most
-    /// `capacity` wait; beyond that (or with no subscriber) arrivals are dropped and counted in
-    /// [`Node::datagrams_dropped`].
-    pub fn subscribe_datagrams(&self, capacity: usize) -> mpsc::Receiver<InboundDatagram> {
+    /// Receives every datagram peers send to this node. One subscriber at a time: a second is
+    /// refused while the first receiver lives. At most `capacity` wait; beyond that (or with no
+    /// subscriber) arrivals are dropped and counted in [`Node::datagrams_dropped`].
+    pub fn subscribe_datagrams(
+        &self,
+        capacity: usize,
+    ) -> Result<mpsc::Receiver<InboundDatagram>, SubscribeError> {
         self.inner.datagrams.subscribe(capacity)
     }
 
@@ -427,6 +440,7 @@ impl Inner {
                 dst: Destination::new(&peer),
                 address: None,
                 configured: false,
+                up: false,
             }
         })
     }

@@ -76,8 +76,8 @@ impl PipelineConfig {
     pub fn new(ring: Vec<PeerId>) -> Self {
         Self {
             ring,
-            protocol: ProtocolId(0x5049_5045),
-            ping_protocol: ProtocolId(0x5049_4e47),
+            protocol: crate::protocols::PIPELINE,
+            ping_protocol: crate::protocols::PIPELINE_PING,
             in_flight: 5,
             batch_deadline: Duration::from_secs(10),
             ping_interval: Some(Duration::from_secs(1)),

@@ -36,7 +36,7 @@ pub enum DialError {
     },
     /// The remote refused this node during the handshake (for example, its allowlist).
     #[error("refused by the remote: {0}")]
-    Refused(String),
+    Refused(#[source] ConnectionError),
     /// The dial did not complete in time.
     #[error("dial timed out after {0:?}")]
     Timeout(Duration),
@@ -112,8 +112,14 @@ impl Inner {
         {
             let mut peers = lock(&self.peers);
             let entry = self.peer_entry(&mut peers, remote);
-            let existing = entry.current.borrow().clone().filter(Current::is_alive);
-            if let Some(existing) = existing {
+            let previous = entry.current.borrow().clone();
+            if entry.up && previous.as_ref().is_some_and(|c| !c.is_alive()) {
+                // The previous connection closed and its close has not been handled yet: the
+                // peer went down before this connection came up.
+                self.peer_watchers.announce(remote, false);
+                entry.up = false;
+            }
+            if let Some(existing) = previous.filter(Current::is_alive) {
                 let keep = tiebreak::Duplicate {
                     local: self.local_id,
                     remote,
@@ -137,6 +143,10 @@ impl Inner {
                 direction,
                 since: now,
             }));
+            if !entry.up {
+                self.peer_watchers.announce(remote, true);
+                entry.up = true;
+            }
         }
         self.metrics.connections.inc();
         self.metrics.observe_rtt(&remote, connection.rtt());
@@ -163,7 +173,7 @@ impl Inner {
     ) {
         self.metrics.connections.dec();
         let mut peers = lock(&self.peers);
-        let Some(entry) = peers.get(&remote) else {
+        let Some(entry) = peers.get_mut(&remote) else {
             return;
         };
         let is_current = entry
@@ -175,6 +185,10 @@ impl Inner {
             return;
         }
         entry.current.send_replace(None);
+        if entry.up {
+            self.peer_watchers.announce(remote, false);
+            entry.up = false;
+        }
         if !entry.configured {
             // A peer we only know from its own dial: forget it (its queued messages are counted
             // as dropped by the writer).
@@ -184,7 +198,7 @@ impl Inner {
         tracing::debug!(peer = %remote.short(), %reason, "disconnected");
         self.emit(ConnectionEvent::Disconnected {
             peer: remote,
-            reason: reason.to_string(),
+            reason,
         });
     }
 
@@ -266,7 +280,7 @@ impl Inner {
                         actual,
                     },
                     (_, DialError::Handshake(reason)) if is_refusal(&reason) => {
-                        DialError::Refused(reason.to_string())
+                        DialError::Refused(reason)
                     }
                     (_, error) => error,
                 });

@@ -8,17 +8,8 @@ use meshwire_proto::PeerId;
 use quinn::{Connection, RecvStream, VarInt};
 use tokio::sync::mpsc;
 
-use super::{batch, read, write, Inner, Node, CLOSE_PROTOCOL_VIOLATION};
+use super::{batch, Inner, Node, SubscribeError, CLOSE_PROTOCOL_VIOLATION};
 use crate::framing::{read_frame_after, wire_error_label, ReadFrameError};
-
-/// A second subscription to the same protocol.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum SubscribeError {
-    /// The protocol already has a live subscriber.
-    #[error("protocol {0:?} already has a subscriber")]
-    AlreadySubscribed(ProtocolId),
-}
 
 /// A message received from a peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,12 +31,8 @@ impl Node {
         &self,
         protocol: ProtocolId,
     ) -> Result<mpsc::Receiver<InboundMessage>, SubscribeError> {
-        let mut subscribers = write(&self.inner.subscribers);
-        if subscribers.get(&protocol).is_some_and(|tx| !tx.is_closed()) {
-            return Err(SubscribeError::AlreadySubscribed(protocol));
-        }
         let (tx, rx) = mpsc::channel(self.inner.config.inbound_queue_messages);
-        subscribers.insert(protocol, tx);
+        self.inner.subscribers.attach(protocol, tx)?;
         Ok(rx)
     }
 
@@ -169,7 +156,7 @@ impl Inner {
     }
 
     async fn deliver(&self, message: InboundMessage) {
-        let subscriber = read(&self.subscribers).get(&message.protocol).cloned();
+        let subscriber = self.subscribers.get(message.protocol);
         let Some(subscriber) = subscriber else {
             self.metrics.drop_message("no_subscriber");
             return;

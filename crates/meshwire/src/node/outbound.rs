@@ -10,22 +10,91 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
 use super::{lock, Current, Inner, Node};
 
-/// Why a message was not queued.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why a message was not queued. Every variant hands the unsent payload back
+/// ([`SendError::into_payload`]), so the caller can retry or send it elsewhere without a copy.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SendError {
     /// The peer is neither connected nor configured.
-    #[error("unknown peer {0}")]
-    UnknownPeer(PeerId),
+    #[error("unknown peer {peer}")]
+    UnknownPeer {
+        /// The peer.
+        peer: PeerId,
+        /// The payload that was not queued.
+        payload: Bytes,
+    },
     /// The peer's outbound queue is full (count or bytes); the message was not queued.
-    #[error("outbound queue to {0} is full")]
-    QueueFull(PeerId),
+    #[error("outbound queue to {peer} is full")]
+    QueueFull {
+        /// The peer.
+        peer: PeerId,
+        /// The payload that was not queued.
+        payload: Bytes,
+    },
     /// The message exceeds the frame limits.
-    #[error(transparent)]
-    TooLarge(WireError),
+    #[error("message too large: {source}")]
+    TooLarge {
+        /// The limit it broke.
+        source: WireError,
+        /// The payload that was not queued.
+        payload: Bytes,
+    },
     /// The node is shutting down.
     #[error("the node is shutting down")]
-    Closed,
+    Closed {
+        /// The payload that was not queued.
+        payload: Bytes,
+    },
+}
+
+impl SendError {
+    /// The payload that was not queued.
+    pub fn payload(&self) -> &Bytes {
+        match self {
+            Self::UnknownPeer { payload, .. }
+            | Self::QueueFull { payload, .. }
+            | Self::TooLarge { payload, .. }
+            | Self::Closed { payload } => payload,
+        }
+    }
+
+    /// Takes the payload that was not queued back.
+    pub fn into_payload(self) -> Bytes {
+        match self {
+            Self::UnknownPeer { payload, .. }
+            | Self::QueueFull { payload, .. }
+            | Self::TooLarge { payload, .. }
+            | Self::Closed { payload } => payload,
+        }
+    }
+}
+
+impl std::fmt::Debug for SendError {
+    // The payload may be large: show its length, not its bytes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let payload_len = self.payload().len();
+        match self {
+            Self::UnknownPeer { peer, .. } => f
+                .debug_struct("UnknownPeer")
+                .field("peer", peer)
+                .field("payload_len", &payload_len)
+                .finish(),
+            Self::QueueFull { peer, .. } => f
+                .debug_struct("QueueFull")
+                .field("peer", peer)
+                .field("payload_len", &payload_len)
+                .finish(),
+            Self::TooLarge { source, .. } => f
+                .debug_struct("TooLarge")
+                .field("source", source)
+                .field("payload_len", &payload_len)
+                .finish(),
+            Self::Closed { .. } => f
+                .debug_struct("Closed")
+                .field("payload_len", &payload_len)
+                .finish(),
+        }
+    }
 }
 
 /// What `send_many` did for each destination.
@@ -71,11 +140,21 @@ impl OutboundQueue {
             .bytes
             .clone()
             .try_acquire_many_owned(len)
-            .map_err(|_| SendError::QueueFull(peer))?;
+            .map_err(|_| SendError::QueueFull {
+                peer,
+                payload: message.payload().clone(),
+            })?;
         let item = Outbound::new(message, dst, permit);
+        let payload = || message.payload().clone();
         self.tx.try_send(item).map_err(|error| match error {
-            mpsc::error::TrySendError::Full(_) => SendError::QueueFull(peer),
-            mpsc::error::TrySendError::Closed(_) => SendError::UnknownPeer(peer),
+            mpsc::error::TrySendError::Full(_) => SendError::QueueFull {
+                peer,
+                payload: payload(),
+            },
+            mpsc::error::TrySendError::Closed(_) => SendError::UnknownPeer {
+                peer,
+                payload: payload(),
+            },
         })
     }
 
@@ -91,12 +170,12 @@ impl OutboundQueue {
             .clone()
             .acquire_many_owned(len)
             .await
-            .map_err(|_| SendError::UnknownPeer(peer))?;
+            .map_err(|_| unknown_peer(peer, message))?;
         let item = Outbound::new(message, dst, permit);
         self.tx
             .send(item)
             .await
-            .map_err(|_| SendError::UnknownPeer(peer))
+            .map_err(|_| unknown_peer(peer, message))
     }
 }
 
@@ -109,7 +188,7 @@ impl Node {
         payload: Bytes,
     ) -> Result<(), SendError> {
         let message = self.inner.encode_message(protocol, payload)?;
-        let (queue, dst) = self.inner.queue_for(peer)?;
+        let (queue, dst) = self.inner.queue_for(peer, &message)?;
         queue.push(peer, &message, &dst).await
     }
 
@@ -121,7 +200,7 @@ impl Node {
         payload: Bytes,
     ) -> Result<(), SendError> {
         let message = self.inner.encode_message(protocol, payload)?;
-        let (queue, dst) = self.inner.queue_for(peer)?;
+        let (queue, dst) = self.inner.queue_for(peer, &message)?;
         queue.try_push(peer, &message, &dst)
     }
 
@@ -140,7 +219,7 @@ impl Node {
         for peer in peers {
             let result = match known.get(peer) {
                 Some(entry) => entry.queue.try_push(*peer, &message, &entry.dst),
-                None => Err(SendError::UnknownPeer(*peer)),
+                None => Err(unknown_peer(*peer, &message)),
             };
             match result {
                 Ok(()) => report.queued += 1,
@@ -161,7 +240,7 @@ impl Inner {
         payload: Bytes,
     ) -> Result<EncodedMessage, SendError> {
         if self.is_shutting_down() {
-            return Err(SendError::Closed);
+            return Err(SendError::Closed { payload });
         }
         let header = MsgHeader {
             kind: Kind::Message,
@@ -169,12 +248,20 @@ impl Inner {
             protocol,
             message_id: self.next_id(),
         };
-        EncodedMessage::encode(&header, payload, &self.config.limits).map_err(SendError::TooLarge)
+        // A clone of the handle, not of the bytes: kept to hand back if the payload is too large.
+        EncodedMessage::encode(&header, payload.clone(), &self.config.limits)
+            .map_err(|source| SendError::TooLarge { source, payload })
     }
 
-    fn queue_for(&self, peer: PeerId) -> Result<(OutboundQueue, Destination), SendError> {
+    fn queue_for(
+        &self,
+        peer: PeerId,
+        message: &EncodedMessage,
+    ) -> Result<(OutboundQueue, Destination), SendError> {
         let peers = lock(&self.peers);
-        let entry = peers.get(&peer).ok_or(SendError::UnknownPeer(peer))?;
+        let entry = peers
+            .get(&peer)
+            .ok_or_else(|| unknown_peer(peer, message))?;
         Ok((entry.queue.clone(), entry.dst.clone()))
     }
 
@@ -235,5 +322,12 @@ impl Inner {
         while queue.try_recv().is_ok() {
             self.metrics.drop_message("peer_removed");
         }
+    }
+}
+
+fn unknown_peer(peer: PeerId, message: &EncodedMessage) -> SendError {
+    SendError::UnknownPeer {
+        peer,
+        payload: message.payload().clone(),
     }
 }
