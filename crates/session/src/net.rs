@@ -31,7 +31,6 @@ use crate::proto::route::{
 };
 use crate::proto::{Endpoint, PathId, Policy, SessionConfig, SessionError};
 use bytes::Bytes;
-use meshwire_proto::wire::ProtocolId;
 use meshwire_proto::PeerId;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -39,11 +38,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
+use meshwire::{protocols, HandlerError, Node, RequestError, SubscribeError};
 use meshwire::{DatagramError, InboundDatagram};
-use meshwire::{HandlerError, Node, RequestError};
-
-/// The request protocol relays answer on.
-pub const RELAY_PROTOCOL: ProtocolId = ProtocolId(0x6d77_7201);
 
 /// Why a session operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +76,9 @@ pub enum SessionHostError {
     /// The host has as many sessions as it allows.
     #[error("too many sessions")]
     TooManySessions,
+    /// The node's datagrams or the relay protocol already have another subscriber.
+    #[error(transparent)]
+    Subscribe(#[from] SubscribeError),
 }
 
 /// Bounds on what a node relays for others.
@@ -234,9 +233,9 @@ impl std::fmt::Debug for SessionHost {
 
 impl SessionHost {
     /// Starts routing `node`'s datagrams and answering relay requests. Must run inside a tokio
-    /// runtime.
-    pub fn new(node: &Node, settings: SessionSettings) -> Self {
-        let datagrams = node.subscribe_datagrams(settings.inbound_queue);
+    /// runtime. Refused if the node's datagrams or the relay protocol have another subscriber.
+    pub fn new(node: &Node, settings: SessionSettings) -> Result<Self, SessionHostError> {
+        let datagrams = node.subscribe_datagrams(settings.inbound_queue)?;
         let rng = match node.config().rng_seed {
             Some(seed) => SmallRng::seed_from_u64(seed ^ 0x5e55_1011),
             None => SmallRng::from_os_rng(),
@@ -250,18 +249,18 @@ impl SessionHost {
             rng: Mutex::new(rng),
             stats: HostStats::default(),
         });
-        tokio::spawn(route_loop(Arc::downgrade(&inner), datagrams));
         let weak = Arc::downgrade(&inner);
-        node.handle(RELAY_PROTOCOL, move |from, body| {
+        node.handle(protocols::SESSION_RELAY, move |from, body| {
             let host = weak.upgrade();
             async move {
-                let host = host.ok_or_else(|| HandlerError("host stopped".into()))?;
-                let request =
-                    RelayRequest::decode(&body).map_err(|error| HandlerError(error.to_string()))?;
+                let host = host.ok_or(HandlerError::Stopped)?;
+                let request = RelayRequest::decode(&body)
+                    .map_err(|error| HandlerError::Malformed(Box::new(error)))?;
                 Ok(host.relay_request(from, request).encode())
             }
-        });
-        Self { inner }
+        })?;
+        tokio::spawn(route_loop(Arc::downgrade(&inner), datagrams));
+        Ok(Self { inner })
     }
 
     /// The counters.
@@ -619,7 +618,7 @@ impl Session {
             .node
             .request(
                 relay,
-                RELAY_PROTOCOL,
+                protocols::SESSION_RELAY,
                 request.encode(),
                 Duration::from_secs(5),
             )
