@@ -142,7 +142,7 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
                 let (node, _) = context
                     .start_node(node_config(&context, congestion))
                     .await?;
-                let host = SessionHost::new(&node, settings(policy));
+                let host = SessionHost::new(&node, settings(policy))?;
                 board.borrow_mut().receiver = Some(host.clone());
                 let mut incoming = host.incoming();
                 let mut session = incoming.recv().await.ok_or("no session")?;
@@ -183,7 +183,7 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
                 let (node, _) = context
                     .start_node(node_config(&context, congestion))
                     .await?;
-                let host = SessionHost::new(&node, settings(policy));
+                let host = SessionHost::new(&node, settings(policy))?;
                 board.borrow_mut().relay = Some(host);
                 node.connect(b_address, b).await?;
                 std::future::pending::<()>().await;
@@ -208,7 +208,7 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
             if let Some((r, address)) = relay {
                 node.connect(address, r).await?;
             }
-            let host = SessionHost::new(&node, settings(plan.policy));
+            let host = SessionHost::new(&node, settings(plan.policy))?;
             let session = host.open(b)?;
             session.add_direct_path(DIRECT)?;
             if let Some((r, _)) = relay {
