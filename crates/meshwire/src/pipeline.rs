@@ -8,7 +8,7 @@
 //! sends it on to its successor as a batch ([`crate::Node::open_batch`]) that keeps the batch id;
 //! the batch comes back to the first node after `ring.len()` transforms. Chunks are forwarded one by
 //! one, so a node starts on a batch as soon as its first chunk arrives and all nodes work at once
-//! when K > 1 (the xx network's pipelining, `seeds/000`).
+//! when K > 1 (the xx network's pipelining, `docs/lessons.md`).
 //!
 //! The first node keeps a [`Window`] of at most K unreleased batches, each with a deadline, and
 //! hands outcomes back in submission order through [`Pipeline::next_result`]: every submitted

@@ -6,7 +6,7 @@
 //! (header, chunks, end record). The stream's first two bytes (`"MB"`) tell the node's accept path
 //! it is a batch, not a message stream (`"MW"`). The stream window is the node's bandwidth-delay
 //! product ([`crate::TransportSettings::bdp_bytes`], 25 MB by default), so a batch is bound by
-//! latency and bandwidth, not by flow-control windows (the xx network's 600 ms hops, `seeds/000`).
+//! latency and bandwidth, not by flow-control windows (the xx network's 600 ms hops, `docs/lessons.md`).
 //!
 //! The receiving node reads the header (within `inbound_request_timeout`), then hands an
 //! [`InboundBatch`] to the protocol's batch subscriber, which pulls chunks one by one as they
