@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use meshwire_proto::wire::Destination;
+use meshwire_proto::wire::{Destination, ProtocolId};
 use meshwire_proto::PeerId;
 use quinn::{Connection, VarInt};
 use rand::rngs::SmallRng;
@@ -67,7 +67,7 @@ pub use events::{ConnectionEvent, PeerChange, PeerEvents};
 pub use inbound::InboundMessage;
 use outbound::OutboundQueue;
 pub use outbound::{SendError, SendManyReport};
-use registry::Registry;
+pub(crate) use registry::Registry;
 pub use registry::SubscribeError;
 pub use request::RequestError;
 use serve::Handler;
@@ -364,24 +364,31 @@ impl Node {
         out
     }
 
-    /// Queues an unreliable QUIC datagram for `peer`. Refuses, rather than letting quinn drop an
-    /// older queued datagram, when the connection's datagram buffer is full.
-    pub fn send_datagram(&self, peer: PeerId, payload: Bytes) -> Result<(), DatagramError> {
+    /// Queues an unreliable QUIC datagram for `peer` on `protocol`. Refuses, rather than letting
+    /// quinn drop an older queued datagram, when the connection's datagram buffer is full.
+    pub fn send_datagram(
+        &self,
+        peer: PeerId,
+        protocol: ProtocolId,
+        payload: Bytes,
+    ) -> Result<(), DatagramError> {
         let (connection, _) = self
             .inner
             .current(peer)
             .ok_or(DatagramError::NotConnected(peer))?;
-        datagram::send(&connection, payload)
+        datagram::send(&connection, protocol, &payload)
     }
 
-    /// Receives every datagram peers send to this node. One subscriber at a time: a second is
-    /// refused while the first receiver lives. At most `capacity` wait; beyond that (or with no
-    /// subscriber) arrivals are dropped and counted in [`Node::datagrams_dropped`].
+    /// Receives every datagram peers send to this node on `protocol`. One subscriber per
+    /// protocol: a second is refused while the first receiver lives. At most `capacity` wait;
+    /// beyond that (or with no subscriber) arrivals are dropped and counted in
+    /// [`Node::datagrams_dropped`].
     pub fn subscribe_datagrams(
         &self,
+        protocol: ProtocolId,
         capacity: usize,
     ) -> Result<mpsc::Receiver<InboundDatagram>, SubscribeError> {
-        self.inner.datagrams.subscribe(capacity)
+        self.inner.datagrams.subscribe(protocol, capacity)
     }
 
     /// Inbound datagrams dropped for want of a subscriber or of room in its queue.

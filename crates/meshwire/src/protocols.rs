@@ -1,25 +1,29 @@
 //! Name every protocol id in use: meshwire's own services, and the conventions of its cli and lab.
 //!
-//! A [`ProtocolId`] is a `u32` carried in every message, request and batch header, and a node
-//! routes each to the one subscriber or handler attached to its id (a second one is refused with
-//! [`crate::SubscribeError::AlreadySubscribed`]). Two ranges:
+//! A [`ProtocolId`] is a `u32` carried in every message, request and batch header (and, as a
+//! varint, at the start of every datagram), and a node routes each to the one subscriber or
+//! handler attached to its id (a second one is refused with
+//! [`crate::SubscribeError::AlreadySubscribed`]). Reserved for meshwire's own services:
 //!
 //! | ids                          | use                                                             |
 //! |------------------------------|-----------------------------------------------------------------|
-//! | `0x0000_0000..=0x3fff_ffff`  | free for applications ([`APPLICATION`]); the cli and the lab use the few named below |
-//! | `0x4000_0000..=0xffff_ffff`  | reserved for meshwire's services ([`RESERVED`]), each named by four ASCII-ish bytes |
+//! | `0x0000_0040..=0x0000_007f`  | datagram services ([`RESERVED_DATAGRAM`]): a one-byte tag on every datagram |
+//! | `0x4000_0000..=0xffff_ffff`  | message, request and batch services ([`RESERVED`]), each named by four ASCII-ish bytes |
 //!
-//! Applications pick ids in [`APPLICATION`]; an id below 64 may clash with the cli's and the lab's
-//! conventions only on a node that runs them.
+//! Every other id is free for applications ([`is_reserved`] is false). The cli and the lab use the
+//! few below 64 named here; they may clash with an application's only on a node that runs them.
 
 use std::ops::RangeInclusive;
 
 use meshwire_proto::wire::ProtocolId;
 
-/// Ids free for applications.
-pub const APPLICATION: RangeInclusive<u32> = 0x0000_0000..=0x3fff_ffff;
-/// Ids reserved for meshwire's own services.
+/// Ids reserved for meshwire's datagram services: small, so their datagram tag is one byte.
+pub const RESERVED_DATAGRAM: RangeInclusive<u32> = 0x0000_0040..=0x0000_007f;
+/// Ids reserved for meshwire's message, request and batch services.
 pub const RESERVED: RangeInclusive<u32> = 0x4000_0000..=0xffff_ffff;
+
+/// Multipath session packets, one per datagram (`meshwire-session`).
+pub const SESSION_DATAGRAM: ProtocolId = ProtocolId(0x40);
 
 /// Gossip batches (`meshwire-gossip`), "GOSP".
 pub const GOSSIP: ProtocolId = ProtocolId(0x474f_5350);
@@ -48,9 +52,9 @@ pub const FANOUT: ProtocolId = ProtocolId(40);
 /// The lab's xx-team batches, one hop at a time.
 pub const HOP: ProtocolId = ProtocolId(50);
 
-/// Whether `protocol` is in the range reserved for meshwire's services.
+/// Whether `protocol` is in a range reserved for meshwire's services.
 pub fn is_reserved(protocol: ProtocolId) -> bool {
-    RESERVED.contains(&protocol.0)
+    RESERVED_DATAGRAM.contains(&protocol.0) || RESERVED.contains(&protocol.0)
 }
 
 #[cfg(test)]
@@ -60,6 +64,7 @@ mod tests {
     #[test]
     fn services_use_reserved_ids_and_conventions_use_application_ids() {
         let services = [
+            SESSION_DATAGRAM,
             GOSSIP,
             SESSION_RELAY,
             OBJECT_FETCH,
@@ -69,7 +74,7 @@ mod tests {
         ];
         let conventions = [ECHO, DATA, BULK, BULK_STREAM, FANOUT, HOP];
         assert!(services.iter().all(|id| is_reserved(*id)));
-        assert!(conventions.iter().all(|id| APPLICATION.contains(&id.0)));
+        assert!(conventions.iter().all(|id| !is_reserved(*id)));
         let mut all: Vec<u32> = services.iter().chain(&conventions).map(|id| id.0).collect();
         all.sort_unstable();
         all.dedup();

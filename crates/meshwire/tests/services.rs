@@ -28,13 +28,13 @@ async fn a_second_subscriber_to_a_protocol_is_refused_until_the_first_lets_go() 
     drop(batches);
     node.subscribe_batches(CHAT).unwrap();
 
-    let datagrams = node.subscribe_datagrams(8).unwrap();
+    let datagrams = node.subscribe_datagrams(CHAT, 8).unwrap();
     assert_eq!(
-        node.subscribe_datagrams(8).unwrap_err(),
-        SubscribeError::DatagramsAlreadySubscribed
+        node.subscribe_datagrams(CHAT, 8).unwrap_err(),
+        SubscribeError::AlreadySubscribed(CHAT)
     );
     drop(datagrams);
-    node.subscribe_datagrams(8).unwrap();
+    node.subscribe_datagrams(CHAT, 8).unwrap();
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! A reliable, ordered byte session between two nodes over several paths, direct or through relay
 //! peers, carried in QUIC datagrams and driven by [`crate::proto::Endpoint`].
 //!
-//! A [`SessionHost`] owns a node's inbound datagrams. It routes each one by its
+//! A [`SessionHost`] owns a node's session datagrams. It routes each one by its
 //! [`RouteHeader`] to a local [`Session`], or — for a path this node agreed to relay — forwards it
 //! to the other end. A [`Session`] is `AsyncRead + AsyncWrite`; its paths are added and removed
 //! while it runs ([`Session::add_direct_path`], [`Session::add_relay_path`],
@@ -217,7 +217,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A node's sessions and relays. Takes over the node's datagram subscription.
+/// A node's sessions and relays. Subscribes to the node's session datagrams.
 #[derive(Clone)]
 pub struct SessionHost {
     inner: Arc<HostInner>,
@@ -235,7 +235,8 @@ impl SessionHost {
     /// Starts routing `node`'s datagrams and answering relay requests. Must run inside a tokio
     /// runtime. Refused if the node's datagrams or the relay protocol have another subscriber.
     pub fn new(node: &Node, settings: SessionSettings) -> Result<Self, SessionHostError> {
-        let datagrams = node.subscribe_datagrams(settings.inbound_queue)?;
+        let datagrams =
+            node.subscribe_datagrams(protocols::SESSION_DATAGRAM, settings.inbound_queue)?;
         let rng = match node.config().rng_seed {
             Some(seed) => SmallRng::seed_from_u64(seed ^ 0x5e55_1011),
             None => SmallRng::from_os_rng(),
@@ -481,10 +482,11 @@ impl HostInner {
             route: Route::FromRelay { source: from },
             ..header
         };
-        match self
-            .node
-            .send_datagram(destination, onward.encode_with(&packet))
-        {
+        match self.node.send_datagram(
+            destination,
+            protocols::SESSION_DATAGRAM,
+            onward.encode_with(&packet),
+        ) {
             Ok(()) => {
                 self.stats.relayed_datagrams.fetch_add(1, Ordering::Relaxed);
                 self.stats
@@ -836,7 +838,11 @@ fn flush(node: &Node, peer: PeerId, id: u64, shared: &mut Shared, now: std::time
             path: transmit.path.0,
             route,
         };
-        match node.send_datagram(to, header.encode_with(&transmit.payload)) {
+        match node.send_datagram(
+            to,
+            protocols::SESSION_DATAGRAM,
+            header.encode_with(&transmit.payload),
+        ) {
             Ok(()) => shared.stats.datagrams_sent += 1,
             Err(error) => {
                 shared

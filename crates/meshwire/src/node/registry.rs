@@ -15,9 +15,6 @@ pub enum SubscribeError {
     /// The protocol already has a live subscriber or handler.
     #[error("protocol {0:?} already has a subscriber")]
     AlreadySubscribed(ProtocolId),
-    /// The node's datagrams already have a live subscriber.
-    #[error("datagrams already have a subscriber")]
-    DatagramsAlreadySubscribed,
 }
 
 /// Something attached to a protocol: alive until its owner lets go of it.
