@@ -137,3 +137,44 @@ async fn a_reader_that_reads_late_still_sees_the_peer_go_down_and_come_back() {
     assert_eq!(late.recv().await, Some(PeerChange::Up(b_id)));
     assert_eq!(late.try_recv(), None);
 }
+
+#[tokio::test]
+async fn datagrams_reach_only_the_subscriber_of_their_protocol() {
+    let a = start(1);
+    let b = start(2);
+    let mut chat = b.subscribe_datagrams(CHAT, 64).unwrap();
+    let mut echo = b.subscribe_datagrams(ECHO, 64).unwrap();
+    connect(&a, &b).await;
+    until_connected(&b, a.peer_id()).await;
+    let unheard = ProtocolId(0x1234_5678);
+    // Datagrams may be lost even on loopback: send until one of each has arrived (the unheard
+    // one is counted as dropped). A connection's datagrams are routed in order by one task.
+    let arrived = tokio::time::timeout(PATIENCE, async {
+        let mut arrived = None;
+        while arrived.is_none() || b.datagrams_dropped() == 0 {
+            a.send_datagram(b.peer_id(), unheard, Bytes::from_static(b"nobody"))
+                .unwrap();
+            a.send_datagram(b.peer_id(), CHAT, Bytes::from_static(b"hello"))
+                .unwrap();
+            tokio::select! {
+                Some(datagram) = chat.recv() => arrived = arrived.or(Some(datagram)),
+                _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+            }
+        }
+        arrived
+    })
+    .await
+    .expect("the datagrams never arrived")
+    .expect("one arrived");
+    assert_eq!(arrived.from, a.peer_id());
+    assert_eq!(arrived.protocol, CHAT);
+    assert_eq!(&arrived.payload[..], b"hello");
+    assert!(
+        echo.try_recv().is_err(),
+        "another protocol's subscriber got nothing"
+    );
+    assert!(
+        b.datagrams_dropped() >= 1,
+        "the unheard protocol's datagrams were dropped"
+    );
+}
