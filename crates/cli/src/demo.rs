@@ -5,15 +5,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use bytes::Bytes;
-use meshwire::{Keypair, Node, NodeConfig, PeerId, ProtocolId};
+use meshwire::protocols::{BULK, BULK_STREAM, DATA as CHAT, ECHO};
+use meshwire::{Keypair, Node, NodeConfig, PeerId};
 use meshwire_objects::net::store::Store;
 use meshwire_objects::net::{ObjectConfig, ObjectService};
 
-use crate::ECHO;
-
 const NODES: usize = 5;
-const CHAT: ProtocolId = ProtocolId(1);
-const BULK: ProtocolId = ProtocolId(2);
 const MESSAGES_PER_PAIR: u32 = 200;
 const MESSAGE_BYTES: usize = 1024;
 const PINGS_PER_PAIR: usize = 20;
@@ -44,7 +41,7 @@ async fn demo() -> anyhow::Result<Vec<Node>> {
                 NodeConfig::new(Keypair::generate()),
                 "127.0.0.1:0".parse().expect("valid literal"),
             )?;
-            node.handle(ECHO, |_, body: Bytes| async move { Ok(body) });
+            node.handle(ECHO, |_, body: Bytes| async move { Ok(body) })?;
             Ok(node)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -282,7 +279,7 @@ async fn fanout(nodes: &[Node], ids: &[PeerId]) -> anyhow::Result<String> {
 
 async fn bulk(from: &Node, to: &Node) -> anyhow::Result<String> {
     // The fan-out step subscribed BULK on `to` already; use a protocol of its own.
-    let protocol = ProtocolId(3);
+    let protocol = BULK_STREAM;
     let mut inbox = to.subscribe(protocol)?;
     let payload = Bytes::from(vec![7u8; BULK_MESSAGE_BYTES]);
     let destination = to.peer_id();

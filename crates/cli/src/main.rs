@@ -10,7 +10,8 @@ use std::time::Duration;
 use anyhow::Context;
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
-use meshwire::{ConnectionEvent, Keypair, Node, ProtocolId};
+use meshwire::protocols::ECHO;
+use meshwire::{ConnectionEvent, Keypair, Node};
 
 use crate::settings::{NodeArgs, Settings};
 
@@ -18,10 +19,6 @@ use crate::settings::{NodeArgs, Settings};
 // sender's heap (scenarios/safe-fanout.toml).
 #[global_allocator]
 static ALLOCATOR: meshwire_alloc_count::CountingAllocator = meshwire_alloc_count::CountingAllocator;
-
-/// Requests on this protocol are answered with their own body: `meshwire node` serves it so any
-/// peer can measure a round trip.
-pub const ECHO: ProtocolId = ProtocolId(0);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -90,7 +87,7 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     settings.apply(&mut config);
     let node = Node::bind(config, settings.listen)
         .with_context(|| format!("cannot start a node on {}", settings.listen))?;
-    node.handle(ECHO, |_, body: Bytes| async move { Ok(body) });
+    node.handle(ECHO, |_, body: Bytes| async move { Ok(body) })?;
     let store_path = settings.data_dir.join("objects.redb");
     let store = meshwire_objects::net::store::Store::open(
         &store_path,

@@ -156,6 +156,4 @@ pub mod proto;
 pub mod net;
 
 #[cfg(feature = "net")]
-pub use net::{
-    Delivered, GossipService, GossipServiceError, GossipSettings, GossipValidator, GOSSIP_PROTOCOL,
-};
+pub use net::{Delivered, GossipService, GossipServiceError, GossipSettings, GossipValidator};

@@ -21,13 +21,10 @@ use meshwire_proto::PeerId;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use tokio::sync::{broadcast, mpsc, Notify};
+use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
-use meshwire::{ConnectionEvent, Node, SubscribeError};
-
-/// The protocol id gossip batches travel on unless configured otherwise ("GOSP").
-pub const GOSSIP_PROTOCOL: ProtocolId = ProtocolId(0x474f_5350);
+use meshwire::{protocols, Node, PeerChange, PeerEvents, SubscribeError};
 
 /// Why a gossip call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,10 +50,10 @@ pub struct GossipSettings {
 }
 
 impl GossipSettings {
-    /// Settings around `config` on [`GOSSIP_PROTOCOL`].
+    /// Settings around `config` on [`protocols::GOSSIP`].
     pub fn new(config: GossipConfig) -> Self {
         Self {
-            protocol: GOSSIP_PROTOCOL,
+            protocol: protocols::GOSSIP,
             config,
             delivered_queue: 1024,
         }
@@ -250,11 +247,19 @@ impl GossipService {
         validator: GossipValidator,
     ) -> Result<(Self, mpsc::Receiver<Delivered>), GossipServiceError> {
         let inbox = node.subscribe(settings.protocol)?;
-        let events = node.events();
+        let mut events = node.peer_events();
         let mut machine = gossip::Gossip::new(settings.config, validator);
         let started = now();
-        for peer in node.connected_peers() {
-            machine.handle_peer_up(peer, started);
+        // The stream starts with every peer up now: take those at once, before any publish.
+        let mut peers = BTreeSet::new();
+        while let Some(change) = events.try_recv() {
+            match change {
+                PeerChange::Up(peer) if peers.insert(peer) => machine.handle_peer_up(peer, started),
+                PeerChange::Down(peer) if peers.remove(&peer) => {
+                    machine.handle_peer_down(peer, started)
+                }
+                _ => {}
+            }
         }
         let state = Arc::new(Mutex::new(State {
             machine,
@@ -270,7 +275,7 @@ impl GossipService {
             wake: wake.clone(),
             delivered: delivered_tx,
         };
-        let task = tokio::spawn(driver.run(inbox, events)).abort_handle();
+        let task = tokio::spawn(driver.run(inbox, events, peers)).abort_handle();
         let shared = Arc::new(Shared {
             state,
             wake,
@@ -357,9 +362,9 @@ impl Driver {
     async fn run(
         self,
         mut inbox: mpsc::Receiver<meshwire::InboundMessage>,
-        mut events: broadcast::Receiver<ConnectionEvent>,
+        mut events: PeerEvents,
+        mut peers: BTreeSet<PeerId>,
     ) {
-        let mut peers: BTreeSet<PeerId> = self.node.connected_peers().into_iter().collect();
         loop {
             let deadline = lock(&self.state)
                 .machine
@@ -386,36 +391,18 @@ impl Driver {
                         self.node.close_for_violation(from, "malformed_gossip");
                     }
                 }
-                event = events.recv() => match event {
-                    Ok(ConnectionEvent::Connected { peer, .. }) => {
+                change = events.recv() => match change {
+                    Some(PeerChange::Up(peer)) => {
                         if peers.insert(peer) {
                             self.step(|machine, now| machine.handle_peer_up(peer, now)).await;
                         }
                     }
-                    Ok(ConnectionEvent::Disconnected { peer, .. }) => {
-                        // A duplicate connection closing leaves the peer connected.
-                        if !self.node.connected_peers().contains(&peer) && peers.remove(&peer) {
+                    Some(PeerChange::Down(peer)) => {
+                        if peers.remove(&peer) {
                             self.step(|machine, now| machine.handle_peer_down(peer, now)).await;
                         }
                     }
-                    Ok(_) => {}
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        let live: BTreeSet<PeerId> = self.node.connected_peers().into_iter().collect();
-                        let (up, down): (Vec<PeerId>, Vec<PeerId>) = (
-                            live.difference(&peers).copied().collect(),
-                            peers.difference(&live).copied().collect(),
-                        );
-                        peers = live;
-                        self.step(|machine, now| {
-                            for peer in up {
-                                machine.handle_peer_up(peer, now);
-                            }
-                            for peer in down {
-                                machine.handle_peer_down(peer, now);
-                            }
-                        }).await;
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return,
+                    None => return,
                 },
                 _ = sleep => {
                     self.step(|machine, now| machine.handle_timeout(now)).await;

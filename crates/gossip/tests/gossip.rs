@@ -139,7 +139,7 @@ async fn a_malformed_gossip_batch_closes_the_senders_connection() {
     nodes[0]
         .send(
             nodes[1].peer_id(),
-            meshwire_gossip::GOSSIP_PROTOCOL,
+            meshwire::protocols::GOSSIP,
             Bytes::from_static(b"\xffnot a gossip batch"),
         )
         .await

@@ -12,15 +12,14 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use meshwire::{Congestion, NodeConfig, ProtocolId};
+use meshwire::protocols::{DATA, ECHO};
+use meshwire::{Congestion, NodeConfig};
 use tokio::time::Instant;
 
 use crate::lab::{clock, Lab, LabEvent};
 use crate::scenario::{round_metric, CaseFile, ScenarioError};
 use crate::Mode;
 
-const ECHO: ProtocolId = ProtocolId(0);
-const DATA: ProtocolId = ProtocolId(1);
 const RAW_PORT: u16 = 9000;
 
 type Metrics = BTreeMap<String, f64>;
@@ -74,7 +73,7 @@ fn serve_forever(lab: &mut Lab, configure: impl Fn(&mut NodeConfig) + 'static) {
             let mut config = context.node_config();
             configure(&mut config);
             let (node, _) = context.start_node(config).await?;
-            node.handle(ECHO, |_, body: Bytes| async move { Ok(body) });
+            node.handle(ECHO, |_, body: Bytes| async move { Ok(body) })?;
             std::future::pending::<()>().await;
             Ok(())
         }

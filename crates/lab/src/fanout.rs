@@ -20,12 +20,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use meshwire::ProtocolId;
+use meshwire::protocols::FANOUT;
 
 use crate::lab::{clock, Lab};
 use crate::scenario::{round_metric, CaseFile, ScenarioError};
-
-const FANOUT: ProtocolId = ProtocolId(40);
 
 static SENDER_RUNTIME: AtomicU64 = AtomicU64::new(0);
 

@@ -11,14 +11,12 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use meshwire::ProtocolId;
+use meshwire::protocols::ECHO;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::lab::{clock, derive_seed, Lab};
 use crate::scenario::{round_metric, CaseFile, ScenarioError};
-
-const ECHO: ProtocolId = ProtocolId(0);
 
 #[derive(Debug, Default)]
 struct Tally {
@@ -67,7 +65,7 @@ pub fn run_case(
             let ids = ids.clone();
             async move {
                 let (node, _) = context.start_node(context.node_config()).await?;
-                node.handle(ECHO, |_, body: Bytes| async move { Ok(body) });
+                node.handle(ECHO, |_, body: Bytes| async move { Ok(body) })?;
                 let addresses = directory.borrow().clone();
                 for (peer, address) in ids.iter().zip(&addresses).take(index) {
                     node.add_peer(*address, *peer)?;

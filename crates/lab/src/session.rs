@@ -12,6 +12,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use meshwire::protocols::SESSION_DATAGRAM;
 use meshwire::Node;
 use meshwire_session::net::{SessionHost, SessionHostError, SessionSettings, SessionStats};
 use meshwire_session::proto::{PathId, Policy};
@@ -142,7 +143,7 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
                 let (node, _) = context
                     .start_node(node_config(&context, congestion))
                     .await?;
-                let host = SessionHost::new(&node, settings(policy));
+                let host = SessionHost::new(&node, settings(policy))?;
                 board.borrow_mut().receiver = Some(host.clone());
                 let mut incoming = host.incoming();
                 let mut session = incoming.recv().await.ok_or("no session")?;
@@ -183,7 +184,7 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
                 let (node, _) = context
                     .start_node(node_config(&context, congestion))
                     .await?;
-                let host = SessionHost::new(&node, settings(policy));
+                let host = SessionHost::new(&node, settings(policy))?;
                 board.borrow_mut().relay = Some(host);
                 node.connect(b_address, b).await?;
                 std::future::pending::<()>().await;
@@ -208,7 +209,7 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
             if let Some((r, address)) = relay {
                 node.connect(address, r).await?;
             }
-            let host = SessionHost::new(&node, settings(plan.policy));
+            let host = SessionHost::new(&node, settings(plan.policy))?;
             let session = host.open(b)?;
             session.add_direct_path(DIRECT)?;
             if let Some((r, _)) = relay {
@@ -284,13 +285,13 @@ fn inject_malformed(
     session: u64,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let garbage = Bytes::from_static(&[0xee, 1, 2, 3]);
-    node.send_datagram(b, garbage.clone())?;
+    node.send_datagram(b, SESSION_DATAGRAM, garbage.clone())?;
     let header = meshwire_session::proto::route::RouteHeader {
         session,
         path: DIRECT.0,
         route: meshwire_session::proto::route::Route::Direct,
     };
-    node.send_datagram(b, header.encode_with(&[0x7f, 0, 0]))?;
+    node.send_datagram(b, SESSION_DATAGRAM, header.encode_with(&[0x7f, 0, 0]))?;
     let mut board = board.borrow_mut();
     if let Some(receiver) = &board.receiver {
         let error = receiver.handle_datagram(node.peer_id(), garbage);

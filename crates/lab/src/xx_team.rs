@@ -26,13 +26,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use meshwire::pipeline::{BatchInput, Pipeline, PipelineConfig, Transform};
-use meshwire::{BatchHeader, Chunk, Node, NodeConfig, PeerId, ProtocolId};
+use meshwire::protocols::HOP;
+use meshwire::{BatchHeader, Chunk, Node, NodeConfig, PeerId};
 
 use crate::lab::{clock, HostContext, Lab};
 use crate::scenario::{round_metric, CaseFile, ScenarioError};
-
-/// The batch protocol of the hop-transfer measurement.
-const HOP: ProtocolId = ProtocolId(50);
 
 /// How a lab ring is built.
 #[derive(Debug, Clone)]

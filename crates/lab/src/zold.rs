@@ -22,9 +22,10 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use meshwire::protocols::OBJECT_FETCH;
 use meshwire::PeerId;
 use meshwire_objects::net::store::Store;
-use meshwire_objects::net::{ObjectConfig, ObjectService, FETCH};
+use meshwire_objects::net::{ObjectConfig, ObjectService};
 use meshwire_objects::proto::object::{content_hash, FetchMode, Stamp};
 use meshwire_objects::proto::quorum::{Policy, QuorumConfig};
 use rand::rngs::SmallRng;
@@ -166,7 +167,9 @@ pub fn run_case(
                     ObjectService::new(node.clone(), store, ObjectConfig::default(), None)?;
                 let name = context.name.clone();
                 let seed = context.seed;
-                node.handle(FETCH, move |_, body: Bytes| {
+                // Fetches are served here instead, after each host's service time.
+                node.stop_handling(OBJECT_FETCH);
+                node.handle(OBJECT_FETCH, move |_, body: Bytes| {
                     let service = service.clone();
                     let delay = match kind {
                         Health::Slow => Duration::from_millis(slow_ms),
@@ -178,7 +181,7 @@ pub fn run_case(
                         tokio::time::sleep(delay).await;
                         service.serve_fetch(&body)
                     }
-                });
+                })?;
                 std::future::pending::<()>().await;
                 Ok(())
             }

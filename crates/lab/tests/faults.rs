@@ -5,11 +5,9 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use meshwire::ProtocolId;
+use meshwire::protocols::DATA;
 use meshwire_lab::lab::wan_link;
 use meshwire_lab::{Lab, LabEvent};
-
-const DATA: ProtocolId = ProtocolId(1);
 
 #[test]
 fn a_crashed_and_restarted_host_is_reconnected_by_its_peers() {

@@ -4,12 +4,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use meshwire::{Keypair, Node, NodeConfig, ProtocolId};
+use meshwire::protocols::{DATA, ECHO};
+use meshwire::{Keypair, Node, NodeConfig};
 use meshwire_lab::lab::wan_link;
 use meshwire_lab::{LabSocket, LinkSpec, Network, SocketStats};
-
-const DATA: ProtocolId = ProtocolId(1);
-const ECHO: ProtocolId = ProtocolId(0);
 
 async fn node(
     seed: u8,
@@ -36,7 +34,8 @@ async fn real_sockets_get_the_emulated_delay_and_survive_its_loss() {
     let network = Network::new(link, false);
     let (a, a_stats) = node(1, "127.0.0.1:0", &network).await;
     let (b, _) = node(2, "127.0.0.2:0", &network).await;
-    b.handle(ECHO, |_, body: Bytes| async move { Ok(body) });
+    b.handle(ECHO, |_, body: Bytes| async move { Ok(body) })
+        .unwrap();
     let mut inbox = b.subscribe(DATA).unwrap();
     a.connect(b.local_addr().unwrap(), b.peer_id())
         .await

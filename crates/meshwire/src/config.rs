@@ -24,7 +24,7 @@ pub enum Congestion {
 }
 
 /// QUIC transport settings. Windows come from a bandwidth-delay product, never from quinn's
-/// 1.25 MB stream default that bound the xx network's transfers (`seeds/000`).
+/// 1.25 MB stream default that bound the xx network's transfers (`docs/lessons.md`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransportSettings {
     /// The fastest path the node should fill, in bits per second.

@@ -1,5 +1,8 @@
-//! Unreliable QUIC datagrams between connected peers: one bounded inbox per node, a send that
-//! never drops silently.
+//! Unreliable QUIC datagrams between connected peers, routed by protocol id to one bounded inbox
+//! per protocol, with a send that never drops silently.
+//!
+//! Every datagram starts with its protocol id as a LEB128 varint: one byte for ids below 128
+//! (meshwire's datagram services use `0x40..=0x7f`, see [`crate::protocols`]), at most five.
 //!
 //! quinn queues outgoing datagrams behind its congestion controller in a bounded buffer and, when
 //! that buffer is full, discards the *oldest* queued datagrams to make room. [`crate::Node::send_datagram`]
@@ -7,19 +10,26 @@
 //! (the multipath session) learns about every datagram that did not go out.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
+use meshwire_proto::wire::ProtocolId;
 use meshwire_proto::PeerId;
 use quinn::{Connection, SendDatagramError};
 use tokio::sync::mpsc;
+
+use crate::node::{Registry, SubscribeError};
+
+/// The longest protocol tag: a `u32` takes at most five varint bytes.
+const MAX_TAG_BYTES: usize = 5;
 
 /// A datagram that arrived from a peer.
 #[derive(Debug, Clone)]
 pub struct InboundDatagram {
     /// The authenticated sender.
     pub from: PeerId,
-    /// Its bytes.
+    /// The protocol it was sent on.
+    pub protocol: ProtocolId,
+    /// Its bytes, after the protocol tag.
     pub payload: Bytes,
 }
 
@@ -33,12 +43,12 @@ pub enum DatagramError {
     /// The peer does not accept datagrams.
     #[error("the peer does not accept datagrams")]
     Unsupported,
-    /// Larger than the connection's current datagram limit.
+    /// Larger than the connection's current datagram limit, less the protocol tag.
     #[error("datagram of {len} bytes exceeds the limit of {max}")]
     TooLarge {
-        /// Datagram length.
+        /// Payload length.
         len: usize,
-        /// The connection's limit.
+        /// The largest payload the connection takes on this protocol.
         max: usize,
     },
     /// The connection's datagram send buffer has no room: congestion control holds the queue.
@@ -49,36 +59,55 @@ pub enum DatagramError {
     ConnectionLost,
 }
 
-/// Where a node's inbound datagrams go: one subscriber, a bounded queue, drops counted.
-#[derive(Debug, Default)]
+/// Where a node's inbound datagrams go: one bounded queue per protocol, drops counted.
+#[derive(Default)]
 pub(crate) struct DatagramInbox {
-    subscriber: Mutex<Option<mpsc::Sender<InboundDatagram>>>,
+    subscribers: Registry<mpsc::Sender<InboundDatagram>>,
     dropped: AtomicU64,
 }
 
+impl std::fmt::Debug for DatagramInbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatagramInbox")
+            .field("dropped", &self.dropped())
+            .finish_non_exhaustive()
+    }
+}
+
 impl DatagramInbox {
-    /// Replaces the subscriber with a new one holding at most `capacity` datagrams.
-    pub(crate) fn subscribe(&self, capacity: usize) -> mpsc::Receiver<InboundDatagram> {
+    /// Attaches a subscriber to `protocol` holding at most `capacity` datagrams, unless a live one
+    /// is attached.
+    pub(crate) fn subscribe(
+        &self,
+        protocol: ProtocolId,
+        capacity: usize,
+    ) -> Result<mpsc::Receiver<InboundDatagram>, SubscribeError> {
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        *self
-            .subscriber
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(tx);
-        rx
+        self.subscribers.attach(protocol, tx)?;
+        Ok(rx)
     }
 
-    /// Datagrams dropped because nobody subscribed or the subscriber's queue was full.
+    /// Datagrams dropped: untagged, for a protocol nobody subscribed to, or to a full queue.
     pub(crate) fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    fn deliver(&self, datagram: InboundDatagram) {
-        let subscriber = self
-            .subscriber
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone();
-        let delivered = subscriber.is_some_and(|tx| tx.try_send(datagram).is_ok());
+    fn deliver(&self, from: PeerId, datagram: Bytes) {
+        let delivered = match decode_tag(&datagram) {
+            Some((protocol, tag_len)) => {
+                let subscriber = self.subscribers.get(protocol);
+                subscriber.is_some_and(|tx| {
+                    let payload = datagram.slice(tag_len..);
+                    tx.try_send(InboundDatagram {
+                        from,
+                        protocol,
+                        payload,
+                    })
+                    .is_ok()
+                })
+            }
+            None => false,
+        };
         if !delivered {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
@@ -90,33 +119,113 @@ impl DatagramInbox {
         connection: Connection,
         from: PeerId,
     ) {
-        while let Ok(payload) = connection.read_datagram().await {
-            self.deliver(InboundDatagram { from, payload });
+        while let Ok(datagram) = connection.read_datagram().await {
+            self.deliver(from, datagram);
         }
     }
 }
 
-/// Queues `payload` on `connection` if its datagram buffer has room.
-pub(crate) fn send(connection: &Connection, payload: Bytes) -> Result<(), DatagramError> {
+/// Appends `protocol` as a LEB128 varint.
+fn encode_tag(protocol: ProtocolId, out: &mut BytesMut) {
+    let mut value = protocol.0;
+    while value >= 0x80 {
+        out.put_u8((value as u8 & 0x7f) | 0x80);
+        value >>= 7;
+    }
+    out.put_u8(value as u8);
+}
+
+/// The protocol at the start of `datagram` and the tag's length; `None` if the tag is truncated
+/// or overlong.
+fn decode_tag(datagram: &[u8]) -> Option<(ProtocolId, usize)> {
+    let mut value: u64 = 0;
+    for (index, byte) in datagram.iter().take(MAX_TAG_BYTES).enumerate() {
+        value |= u64::from(byte & 0x7f) << (7 * index);
+        if byte & 0x80 == 0 {
+            return u32::try_from(value)
+                .ok()
+                .map(|id| (ProtocolId(id), index + 1));
+        }
+    }
+    None
+}
+
+fn tag_len(protocol: ProtocolId) -> usize {
+    let bits = 32 - protocol.0.leading_zeros() as usize;
+    bits.div_ceil(7).max(1)
+}
+
+/// Queues `payload` on `protocol` on `connection` if its datagram buffer has room.
+pub(crate) fn send(
+    connection: &Connection,
+    protocol: ProtocolId,
+    payload: &[u8],
+) -> Result<(), DatagramError> {
     let max = connection
         .max_datagram_size()
         .ok_or(DatagramError::Unsupported)?;
-    if payload.len() > max {
+    let total = tag_len(protocol) + payload.len();
+    if total > max {
         return Err(DatagramError::TooLarge {
             len: payload.len(),
-            max,
+            max: max.saturating_sub(tag_len(protocol)),
         });
     }
-    if connection.datagram_send_buffer_space() < payload.len() {
+    if connection.datagram_send_buffer_space() < total {
         return Err(DatagramError::BufferFull);
     }
+    let mut datagram = BytesMut::with_capacity(total);
+    encode_tag(protocol, &mut datagram);
+    datagram.put_slice(payload);
     connection
-        .send_datagram(payload)
+        .send_datagram(datagram.freeze())
         .map_err(|error| match error {
             SendDatagramError::UnsupportedByPeer | SendDatagramError::Disabled => {
                 DatagramError::Unsupported
             }
-            SendDatagramError::TooLarge => DatagramError::TooLarge { len: max + 1, max },
+            SendDatagramError::TooLarge => DatagramError::TooLarge {
+                len: payload.len(),
+                max: max.saturating_sub(tag_len(protocol)),
+            },
             SendDatagramError::ConnectionLost(_) => DatagramError::ConnectionLost,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_round_trip_and_small_ids_take_one_byte() {
+        for id in [
+            0,
+            1,
+            0x40,
+            0x7f,
+            0x80,
+            0x3fff,
+            0x4000,
+            0x6d77_7201,
+            u32::MAX,
+        ] {
+            let mut out = BytesMut::new();
+            encode_tag(ProtocolId(id), &mut out);
+            assert_eq!(out.len(), tag_len(ProtocolId(id)), "{id:#x}");
+            out.put_slice(b"payload");
+            assert_eq!(
+                decode_tag(&out),
+                Some((ProtocolId(id), tag_len(ProtocolId(id))))
+            );
+        }
+        assert_eq!(tag_len(ProtocolId(0x7f)), 1);
+    }
+
+    #[test]
+    fn truncated_and_overlong_tags_are_refused() {
+        assert_eq!(decode_tag(&[]), None);
+        assert_eq!(decode_tag(&[0x80]), None);
+        assert_eq!(decode_tag(&[0xff, 0xff, 0xff, 0xff, 0xff, 0x01]), None);
+        // Five bytes whose value needs more than 32 bits.
+        assert_eq!(decode_tag(&[0xff, 0xff, 0xff, 0xff, 0x7f]), None);
+    }
 }

@@ -30,6 +30,7 @@ mod identity;
 mod metrics;
 mod node;
 pub mod pipeline;
+pub mod protocols;
 pub mod tls;
 
 pub use config::{ConfigError, Congestion, NodeConfig, QueueLimits, TransportSettings};
@@ -42,8 +43,8 @@ pub use meshwire_proto::{self as proto, PeerId};
 pub use metrics::Metrics;
 pub use node::{
     split_into_chunks, BatchError, BatchSender, ConnectionEvent, DialError, Direction,
-    HandlerError, InboundBatch, InboundMessage, Node, NodeError, PeerStatus, RequestError,
-    SendError, SendManyReport, SubscribeError, CLOSE_DUPLICATE, CLOSE_PROTOCOL_VIOLATION,
-    CLOSE_SHUTDOWN, RESET_BATCH_ABANDONED, STOP_BATCH_DISCARDED, STOP_BATCH_MALFORMED,
-    STOP_BATCH_NO_SUBSCRIBER,
+    HandlerError, InboundBatch, InboundMessage, Node, NodeError, PeerChange, PeerEvents,
+    PeerStatus, RequestError, SendError, SendManyReport, ServiceError, SubscribeError,
+    CLOSE_DUPLICATE, CLOSE_PROTOCOL_VIOLATION, CLOSE_SHUTDOWN, RESET_BATCH_ABANDONED,
+    STOP_BATCH_DISCARDED, STOP_BATCH_MALFORMED, STOP_BATCH_NO_SUBSCRIBER,
 };

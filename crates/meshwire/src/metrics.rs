@@ -2,7 +2,7 @@
 //!
 //! Every counter is updated by the code path that causes it (no reporter task samples shared
 //! state), so a scrape never races an update into a wrong value (the xx network's metrics race,
-//! `seeds/000`).
+//! `docs/lessons.md`).
 
 use std::sync::Mutex;
 

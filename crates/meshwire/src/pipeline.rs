@@ -8,7 +8,7 @@
 //! sends it on to its successor as a batch ([`crate::Node::open_batch`]) that keeps the batch id;
 //! the batch comes back to the first node after `ring.len()` transforms. Chunks are forwarded one by
 //! one, so a node starts on a batch as soon as its first chunk arrives and all nodes work at once
-//! when K > 1 (the xx network's pipelining, `seeds/000`).
+//! when K > 1 (the xx network's pipelining, `docs/lessons.md`).
 //!
 //! The first node keeps a [`Window`] of at most K unreleased batches, each with a deadline, and
 //! hands outcomes back in submission order through [`Pipeline::next_result`]: every submitted
@@ -76,8 +76,8 @@ impl PipelineConfig {
     pub fn new(ring: Vec<PeerId>) -> Self {
         Self {
             ring,
-            protocol: ProtocolId(0x5049_5045),
-            ping_protocol: ProtocolId(0x5049_4e47),
+            protocol: crate::protocols::PIPELINE,
+            ping_protocol: crate::protocols::PIPELINE_PING,
             in_flight: 5,
             batch_deadline: Duration::from_secs(10),
             ping_interval: Some(Duration::from_secs(1)),

@@ -40,22 +40,22 @@ pub enum TlsError {
     Identity(#[from] IdentityError),
     /// Generating the self-signed certificate failed.
     #[error("cannot generate the node certificate: {0}")]
-    Certificate(String),
+    Certificate(#[source] rcgen::Error),
     /// rustls refused the configuration.
     #[error("invalid TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
     /// quinn refused the TLS configuration.
     #[error("TLS configuration unusable for QUIC: {0}")]
-    Quic(String),
+    Quic(#[source] quinn::crypto::rustls::NoInitialCipherSuite),
 }
 
 /// Why a peer's certificate was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PeerCertificateError {
     /// Not parseable X.509.
     #[error("certificate does not parse: {0}")]
-    Malformed(String),
+    Malformed(#[source] x509_parser::error::X509Error),
     /// The subject key is not ed25519.
     #[error("certificate key is not ed25519")]
     NotEd25519,
@@ -96,12 +96,10 @@ impl TlsIdentity {
             &PrivatePkcs8KeyDer::from(der.as_slice()),
             &rcgen::PKCS_ED25519,
         )
-        .map_err(|error| TlsError::Certificate(error.to_string()))?;
+        .map_err(TlsError::Certificate)?;
         let params = rcgen::CertificateParams::new(vec![keypair.peer_id().to_string()])
-            .map_err(|error| TlsError::Certificate(error.to_string()))?;
-        let certificate = params
-            .self_signed(&signer)
-            .map_err(|error| TlsError::Certificate(error.to_string()))?;
+            .map_err(TlsError::Certificate)?;
+        let certificate = params.self_signed(&signer).map_err(TlsError::Certificate)?;
         Ok(Self {
             certificate: certificate.der().clone(),
             key_pkcs8: Arc::new(der),
@@ -116,8 +114,14 @@ impl TlsIdentity {
 /// Extracts the [`PeerId`] from a peer's certificate after checking it is a validly self-signed
 /// ed25519 certificate.
 pub fn peer_id_from_certificate(der: &[u8]) -> Result<PeerId, PeerCertificateError> {
-    let (_, certificate) = x509_parser::parse_x509_certificate(der)
-        .map_err(|error| PeerCertificateError::Malformed(error.to_string()))?;
+    let (_, certificate) = x509_parser::parse_x509_certificate(der).map_err(|error| {
+        PeerCertificateError::Malformed(match error {
+            x509_parser::nom::Err::Error(error) | x509_parser::nom::Err::Failure(error) => error,
+            x509_parser::nom::Err::Incomplete(_) => {
+                x509_parser::error::X509Error::InvalidCertificate
+            }
+        })
+    })?;
     let key = certificate.public_key();
     if key.algorithm.algorithm != x509_parser::oid_registry::OID_SIG_ED25519 {
         return Err(PeerCertificateError::NotEd25519);
@@ -267,7 +271,7 @@ pub fn server_crypto(
     config.alpn_protocols = vec![ALPN.to_vec()];
     quinn::crypto::rustls::QuicServerConfig::try_from(config)
         .map(Arc::new)
-        .map_err(|error| TlsError::Quic(error.to_string()))
+        .map_err(TlsError::Quic)
 }
 
 /// Where the dialing side records the identity the remote presented.
@@ -292,8 +296,7 @@ pub fn client_crypto(
         .with_custom_certificate_verifier(Arc::new(verifier))
         .with_client_auth_cert(vec![identity.certificate.clone()], identity.key())?;
     config.alpn_protocols = vec![ALPN.to_vec()];
-    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(config)
-        .map_err(|error| TlsError::Quic(error.to_string()))?;
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(config).map_err(TlsError::Quic)?;
     Ok((Arc::new(quic), seen))
 }
 

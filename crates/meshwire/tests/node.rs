@@ -153,7 +153,13 @@ async fn send_many_delivers_identical_payloads_to_every_peer() {
     assert_eq!(report.queued, 1);
     assert_eq!(
         report.failed,
-        vec![(stranger, SendError::UnknownPeer(stranger))]
+        vec![(
+            stranger,
+            SendError::UnknownPeer {
+                peer: stranger,
+                payload: Bytes::from_static(b"x")
+            }
+        )]
     );
 }
 
@@ -163,10 +169,13 @@ async fn requests_get_responses_remote_errors_and_refusals() {
     let b = start(2);
     b.handle(ECHO, |from, body: Bytes| async move {
         if body.as_ref() == b"fail" {
-            return Err(HandlerError(format!("refusing {}", from.short())));
+            return Err(HandlerError::Failed(
+                format!("refusing {}", from.short()).into(),
+            ));
         }
         Ok(body)
-    });
+    })
+    .unwrap();
     connect(&a, &b).await;
     let deadline = Duration::from_secs(5);
     let echoed = a
@@ -204,7 +213,8 @@ async fn a_request_past_its_deadline_times_out() {
     b.handle(ECHO, |_, body| async move {
         tokio::time::sleep(Duration::from_secs(30)).await;
         Ok(body)
-    });
+    })
+    .unwrap();
     connect(&a, &b).await;
     let deadline = Duration::from_millis(200);
     let result = a
@@ -212,7 +222,8 @@ async fn a_request_past_its_deadline_times_out() {
         .await;
     assert_eq!(result, Err(RequestError::Timeout(deadline)));
     // The connection is still good for other requests.
-    b.handle(ProtocolId(3), |_, body| async move { Ok(body) });
+    b.handle(ProtocolId(3), |_, body| async move { Ok(body) })
+        .unwrap();
     let fast = a
         .request(
             b.peer_id(),
@@ -235,7 +246,7 @@ async fn oversized_messages_and_requests_are_refused_locally() {
     let big = Bytes::from(vec![0u8; 1025]);
     assert!(matches!(
         a.try_send(b.peer_id(), CHAT, big.clone()),
-        Err(SendError::TooLarge(_))
+        Err(SendError::TooLarge { .. })
     ));
     assert!(matches!(
         a.request(b.peer_id(), ECHO, big, Duration::from_secs(1))
@@ -273,7 +284,15 @@ async fn a_slow_receiver_fills_only_its_own_bounded_queue() {
         }
     }
     let (attempt, error) = refused.expect("the queue never filled");
-    assert_eq!(error, SendError::QueueFull(slow.peer_id()));
+    // The refused payload comes back to the caller, the same bytes, not a copy.
+    assert_eq!(
+        error,
+        SendError::QueueFull {
+            peer: slow.peer_id(),
+            payload: payload.clone()
+        }
+    );
+    assert_eq!(error.into_payload().as_ptr(), payload.as_ptr());
     assert!(attempt < 10_000);
     let status = &a.peers()[0];
     assert!(status.queued_messages <= 64);

@@ -4,5 +4,5 @@ pub mod http;
 pub mod service;
 pub mod store;
 
-pub use service::{ObjectConfig, ObjectService, ObjectServiceError, FETCH, STORE};
+pub use service::{ObjectConfig, ObjectService, ObjectServiceError};
 pub use store::{Store, StoreError, StoredObject};

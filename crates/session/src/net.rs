@@ -1,7 +1,7 @@
 //! A reliable, ordered byte session between two nodes over several paths, direct or through relay
 //! peers, carried in QUIC datagrams and driven by [`crate::proto::Endpoint`].
 //!
-//! A [`SessionHost`] owns a node's inbound datagrams. It routes each one by its
+//! A [`SessionHost`] owns a node's session datagrams. It routes each one by its
 //! [`RouteHeader`] to a local [`Session`], or — for a path this node agreed to relay — forwards it
 //! to the other end. A [`Session`] is `AsyncRead + AsyncWrite`; its paths are added and removed
 //! while it runs ([`Session::add_direct_path`], [`Session::add_relay_path`],
@@ -34,7 +34,6 @@ use crate::proto::route::{
 };
 use crate::proto::{Endpoint, PathId, Policy, SessionConfig, SessionError};
 use bytes::Bytes;
-use meshwire_proto::wire::ProtocolId;
 use meshwire_proto::PeerId;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -42,11 +41,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
+use meshwire::{protocols, HandlerError, Node, RequestError, SubscribeError};
 use meshwire::{DatagramError, InboundDatagram};
-use meshwire::{HandlerError, Node, RequestError};
-
-/// The request protocol relays answer on.
-pub const RELAY_PROTOCOL: ProtocolId = ProtocolId(0x6d77_7201);
 
 /// Why a session operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +78,9 @@ pub enum SessionHostError {
     /// The host has as many sessions as it allows.
     #[error("too many sessions")]
     TooManySessions,
+    /// The node's datagrams or the relay protocol already have another subscriber.
+    #[error(transparent)]
+    Subscribe(#[from] SubscribeError),
 }
 
 /// Settings of a node's sessions.
@@ -189,7 +188,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A node's sessions and relays. Takes over the node's datagram subscription.
+/// A node's sessions and relays. Subscribes to the node's session datagrams.
 #[derive(Clone)]
 pub struct SessionHost {
     inner: Arc<HostInner>,
@@ -205,9 +204,10 @@ impl std::fmt::Debug for SessionHost {
 
 impl SessionHost {
     /// Starts routing `node`'s datagrams and answering relay requests. Must run inside a tokio
-    /// runtime.
-    pub fn new(node: &Node, settings: SessionSettings) -> Self {
-        let datagrams = node.subscribe_datagrams(settings.inbound_queue);
+    /// runtime. Refused if the node's datagrams or the relay protocol have another subscriber.
+    pub fn new(node: &Node, settings: SessionSettings) -> Result<Self, SessionHostError> {
+        let datagrams =
+            node.subscribe_datagrams(protocols::SESSION_DATAGRAM, settings.inbound_queue)?;
         let rng = match node.config().rng_seed {
             Some(seed) => SmallRng::seed_from_u64(seed ^ 0x5e55_1011),
             None => SmallRng::from_os_rng(),
@@ -221,18 +221,18 @@ impl SessionHost {
             rng: Mutex::new(rng),
             stats: HostStats::default(),
         });
-        tokio::spawn(route_loop(Arc::downgrade(&inner), datagrams));
         let weak = Arc::downgrade(&inner);
-        node.handle(RELAY_PROTOCOL, move |from, body| {
+        node.handle(protocols::SESSION_RELAY, move |from, body| {
             let host = weak.upgrade();
             async move {
-                let host = host.ok_or_else(|| HandlerError("host stopped".into()))?;
-                let request =
-                    RelayRequest::decode(&body).map_err(|error| HandlerError(error.to_string()))?;
+                let host = host.ok_or(HandlerError::Stopped)?;
+                let request = RelayRequest::decode(&body)
+                    .map_err(|error| HandlerError::Malformed(Box::new(error)))?;
                 Ok(host.relay_request(from, &request).encode())
             }
-        });
-        Self { inner }
+        })?;
+        tokio::spawn(route_loop(Arc::downgrade(&inner), datagrams));
+        Ok(Self { inner })
     }
 
     /// The counters.
@@ -415,10 +415,11 @@ impl HostInner {
             route: Route::FromRelay { source: from },
             ..header
         };
-        match self
-            .node
-            .send_datagram(destination, onward.encode_with(&packet))
-        {
+        match self.node.send_datagram(
+            destination,
+            protocols::SESSION_DATAGRAM,
+            onward.encode_with(&packet),
+        ) {
             Ok(()) => {
                 self.stats.relayed_datagrams.fetch_add(1, Ordering::Relaxed);
                 self.stats
@@ -552,7 +553,7 @@ impl Session {
             .node
             .request(
                 relay,
-                RELAY_PROTOCOL,
+                protocols::SESSION_RELAY,
                 request.encode(),
                 Duration::from_secs(5),
             )
@@ -773,7 +774,11 @@ fn flush(node: &Node, peer: PeerId, id: u64, shared: &mut Shared, now: std::time
             path: transmit.path.0,
             route,
         };
-        match node.send_datagram(to, header.encode_with(&transmit.payload)) {
+        match node.send_datagram(
+            to,
+            protocols::SESSION_DATAGRAM,
+            header.encode_with(&transmit.payload),
+        ) {
             Ok(()) => shared.stats.datagrams_sent += 1,
             Err(error) => {
                 shared

@@ -6,7 +6,7 @@
 //! (header, chunks, end record). The stream's first two bytes (`"MB"`) tell the node's accept path
 //! it is a batch, not a message stream (`"MW"`). The stream window is the node's bandwidth-delay
 //! product ([`crate::TransportSettings::bdp_bytes`], 25 MB by default), so a batch is bound by
-//! latency and bandwidth, not by flow-control windows (the xx network's 600 ms hops, `seeds/000`).
+//! latency and bandwidth, not by flow-control windows (the xx network's 600 ms hops, `docs/lessons.md`).
 //!
 //! The receiving node reads the header (within `inbound_request_timeout`), then hands an
 //! [`InboundBatch`] to the protocol's batch subscriber, which pulls chunks one by one as they
@@ -24,8 +24,7 @@
 //! Unlike a malformed message frame, a bad batch costs only its stream: the connection and the
 //! other batches on it go on.
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -37,10 +36,11 @@ use meshwire_proto::PeerId;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use quinn::{ReadError, RecvStream, SendStream, VarInt, WriteError};
+use quinn::{ConnectionError, ReadError, RecvStream, SendStream, StoppedError, VarInt, WriteError};
 use tokio::sync::mpsc;
 
-use super::{read, write, Inner, Node, SubscribeError};
+use super::registry::Registry;
+use super::{Inner, Node, SubscribeError};
 use crate::metrics::Metrics;
 
 pub(super) use meshwire_proto::batch::BATCH_MAGIC;
@@ -77,7 +77,10 @@ pub enum BatchError {
     Stopped(u64),
     /// The connection broke under the batch.
     #[error("connection lost: {0}")]
-    ConnectionLost(String),
+    ConnectionLost(#[source] ConnectionError),
+    /// The stream was already closed on this side.
+    #[error("the batch's stream is closed")]
+    StreamClosed,
     /// The header did not arrive within the node's inbound timeout.
     #[error("batch header timed out after {0:?}")]
     HeaderTimeout(Duration),
@@ -92,6 +95,7 @@ impl BatchError {
             Self::Reset(_) => "reset",
             Self::Stopped(_) => "stopped",
             Self::ConnectionLost(_) => "connection_lost",
+            Self::StreamClosed => "stream_closed",
             Self::HeaderTimeout(_) => "header_timeout",
         }
     }
@@ -101,7 +105,8 @@ impl From<WriteError> for BatchError {
     fn from(error: WriteError) -> Self {
         match error {
             WriteError::Stopped(code) => Self::Stopped(code.into_inner()),
-            other => Self::ConnectionLost(other.to_string()),
+            WriteError::ConnectionLost(error) => Self::ConnectionLost(error),
+            _ => Self::StreamClosed,
         }
     }
 }
@@ -110,7 +115,8 @@ impl From<ReadError> for BatchError {
     fn from(error: ReadError) -> Self {
         match error {
             ReadError::Reset(code) => Self::Reset(code.into_inner()),
-            other => Self::ConnectionLost(other.to_string()),
+            ReadError::ConnectionLost(error) => Self::ConnectionLost(error),
+            _ => Self::StreamClosed,
         }
     }
 }
@@ -140,7 +146,7 @@ impl BatchMetrics {
 
 /// The node's batch state: subscribers per protocol, limits and metrics.
 pub(super) struct BatchService {
-    subscribers: RwLock<HashMap<ProtocolId, mpsc::Sender<InboundBatch>>>,
+    subscribers: Registry<mpsc::Sender<InboundBatch>>,
     limits: BatchLimits,
     metrics: BatchMetrics,
 }
@@ -171,7 +177,7 @@ impl BatchService {
             );
         });
         Self {
-            subscribers: RwLock::new(HashMap::new()),
+            subscribers: Registry::default(),
             limits: BatchLimits::default(),
             metrics: batch_metrics,
         }
@@ -219,7 +225,8 @@ impl BatchSender {
             match self.send.stopped().await {
                 Ok(None) => Ok(()),
                 Ok(Some(code)) => Err(BatchError::Stopped(code.into_inner())),
-                Err(error) => Err(BatchError::ConnectionLost(error.to_string())),
+                Err(StoppedError::ConnectionLost(error)) => Err(BatchError::ConnectionLost(error)),
+                Err(_) => Err(BatchError::StreamClosed),
             }
         }
         .await;
@@ -421,7 +428,7 @@ impl Inner {
             }
         };
         let protocol = ProtocolId(batch.header.protocol);
-        let subscriber = read(&service.subscribers).get(&protocol).cloned();
+        let subscriber = service.subscribers.get(protocol);
         let refused = match subscriber {
             Some(subscriber) => subscriber.send(batch).await.err().map(|error| error.0),
             None => Some(batch),
@@ -451,7 +458,7 @@ impl Node {
             let mut send = connection
                 .open_uni()
                 .await
-                .map_err(|error| BatchError::ConnectionLost(error.to_string()))?;
+                .map_err(BatchError::ConnectionLost)?;
             send.write_chunk(head).await?;
             Ok(BatchSender {
                 send,
@@ -488,12 +495,8 @@ impl Node {
         &self,
         protocol: ProtocolId,
     ) -> Result<mpsc::Receiver<InboundBatch>, SubscribeError> {
-        let mut subscribers = write(&self.inner.batches.subscribers);
-        if subscribers.get(&protocol).is_some_and(|tx| !tx.is_closed()) {
-            return Err(SubscribeError::AlreadySubscribed(protocol));
-        }
         let (tx, rx) = mpsc::channel(INBOUND_BATCH_QUEUE);
-        subscribers.insert(protocol, tx);
+        self.inner.batches.subscribers.attach(protocol, tx)?;
         Ok(rx)
     }
 

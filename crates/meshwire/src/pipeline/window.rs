@@ -4,7 +4,7 @@
 //!
 //! The first node of a pipeline ring starts batches, and each comes back to it after every node
 //! has worked on it. Pipelining batches lets all nodes of the xx network's 5-node team work at
-//! once (`seeds/000`); this window is the first node's bookkeeping for that, as a pure state
+//! once (`docs/lessons.md`); this window is the first node's bookkeeping for that, as a pure state
 //! machine:
 //!
 //! - [`Window::try_start`] hands out the next batch id while fewer than `capacity` batches are

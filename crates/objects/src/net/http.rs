@@ -96,7 +96,7 @@ impl IntoResponse for ObjectServiceError {
                 message,
                 json!({}),
             ),
-            Self::Store(_) | Self::Config(_) => error(
+            Self::Store(_) | Self::Config(_) | Self::Subscribe(_) => error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "store_error",
                 message,

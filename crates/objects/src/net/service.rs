@@ -32,7 +32,8 @@ use crate::proto::object::{
 use crate::proto::quorum::{Outcome, PeerScores, Policy, QuorumConfig, QuorumError, ScoreConfig};
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use meshwire::{HandlerError, Node, PeerId, ProtocolId};
+use meshwire::protocols::{OBJECT_FETCH as FETCH, OBJECT_STORE as STORE};
+use meshwire::{HandlerError, Node, PeerId, SubscribeError};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -40,11 +41,6 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use super::store::{Store, StoreError, StoredObject};
-
-/// Requests for an object's metadata or content.
-pub const FETCH: ProtocolId = ProtocolId(0x6f62_0001);
-/// Requests to store a copy.
-pub const STORE: ProtocolId = ProtocolId(0x6f62_0002);
 
 /// Settings of the object service.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -119,6 +115,9 @@ pub enum ObjectServiceError {
     /// The settings cannot work.
     #[error(transparent)]
     Config(#[from] QuorumError),
+    /// Another service already handles the object protocols on this node.
+    #[error(transparent)]
+    Subscribe(#[from] SubscribeError),
 }
 
 /// What a write did.
@@ -253,12 +252,12 @@ impl ObjectService {
         node.handle(FETCH, move |_, body| {
             let result = upgrade(&weak).and_then(|service| service.serve_fetch(&body));
             async move { result }
-        });
+        })?;
         let weak = Arc::downgrade(&service.inner);
         node.handle(STORE, move |_, body| {
             let result = upgrade(&weak).and_then(|service| service.serve_store(body));
             async move { result }
-        });
+        })?;
         Ok(service)
     }
 
@@ -289,15 +288,15 @@ impl ObjectService {
 
     /// Answers a fetch request from the local store.
     pub fn serve_fetch(&self, body: &[u8]) -> Result<Bytes, HandlerError> {
-        let (mode, key) = object::decode_fetch(body).map_err(handler_error)?;
+        let (mode, key) = object::decode_fetch(body).map_err(malformed)?;
         let held = self.inner.store.get(key).map_err(handler_error)?;
         Ok(encode_fetched(mode, held.as_ref()))
     }
 
     /// Stores a copy sent by a peer if it wins over the local one; answers the version held.
     pub fn serve_store(&self, body: Bytes) -> Result<Bytes, HandlerError> {
-        let request = object::decode_store(&body, self.inner.config.max_object_bytes)
-            .map_err(handler_error)?;
+        let request =
+            object::decode_store(&body, self.inner.config.max_object_bytes).map_err(malformed)?;
         let held = self
             .inner
             .store
@@ -462,7 +461,7 @@ impl ObjectService {
             let request = request.clone();
             async move {
                 let reply = if peer == me {
-                    service.serve_fetch(&request).map_err(|e| e.0)?
+                    service.serve_fetch(&request).map_err(|e| e.to_string())?
                 } else {
                     service
                         .inner
@@ -721,9 +720,13 @@ fn encode_fetched(mode: FetchMode, held: Option<&StoredObject>) -> Bytes {
 fn upgrade(weak: &std::sync::Weak<Inner>) -> Result<ObjectService, HandlerError> {
     weak.upgrade()
         .map(|inner| ObjectService { inner })
-        .ok_or_else(|| HandlerError("the object service has stopped".into()))
+        .ok_or(HandlerError::Stopped)
 }
 
-fn handler_error(error: impl std::fmt::Display) -> HandlerError {
-    HandlerError(error.to_string())
+fn malformed(error: impl std::error::Error + Send + Sync + 'static) -> HandlerError {
+    HandlerError::Malformed(Box::new(error))
+}
+
+fn handler_error(error: impl std::error::Error + Send + Sync + 'static) -> HandlerError {
+    HandlerError::Failed(Box::new(error))
 }

@@ -1,0 +1,168 @@
+//! Accept a connection's streams, check every inbound frame and deliver messages to subscribers.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use meshwire_proto::wire::{self, Kind, ProtocolId};
+use meshwire_proto::PeerId;
+use quinn::{Connection, RecvStream, VarInt};
+use tokio::sync::mpsc;
+
+use super::{batch, Inner, Node, SubscribeError, CLOSE_PROTOCOL_VIOLATION};
+use crate::framing::{read_frame_after, wire_error_label, ReadFrameError};
+
+/// A message received from a peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboundMessage {
+    /// The sender.
+    pub from: PeerId,
+    /// The protocol it was sent on.
+    pub protocol: ProtocolId,
+    /// The sender's message id.
+    pub message_id: u64,
+    /// The payload, sliced from the receive buffer.
+    pub payload: Bytes,
+}
+
+impl Node {
+    /// Receives every message sent to this node on `protocol`. One subscriber per protocol; a
+    /// subscriber that stops reading slows its senders down (nothing is dropped while it lives).
+    pub fn subscribe(
+        &self,
+        protocol: ProtocolId,
+    ) -> Result<mpsc::Receiver<InboundMessage>, SubscribeError> {
+        let (tx, rx) = mpsc::channel(self.inner.config.inbound_queue_messages);
+        self.inner.subscribers.attach(protocol, tx)?;
+        Ok(rx)
+    }
+
+    /// Closes the connection to `peer` because it sent something a service above the node could
+    /// not accept (a malformed payload of a well-formed frame). The connection closes with
+    /// [`CLOSE_PROTOCOL_VIOLATION`] and `reason`, `meshwire_frame_errors_total{reason}` counts it,
+    /// and a configured peer is redialed with backoff as after any loss. Returns whether a live
+    /// connection was closed.
+    pub fn close_for_violation(&self, peer: PeerId, reason: &'static str) -> bool {
+        let Some((connection, _)) = self.inner.current(peer) else {
+            return false;
+        };
+        self.inner.protocol_violation(&connection, peer, reason);
+        true
+    }
+}
+
+impl Inner {
+    pub(super) fn protocol_violation(
+        &self,
+        connection: &Connection,
+        remote: PeerId,
+        reason: &'static str,
+    ) {
+        self.metrics.frame_error(reason);
+        tracing::warn!(peer = %remote.short(), reason, "malformed frame; closing the connection");
+        connection.close(
+            VarInt::from_u32(CLOSE_PROTOCOL_VIOLATION),
+            reason.as_bytes(),
+        );
+    }
+
+    /// Checks that an inbound frame has the kind this stream carries and is addressed to this
+    /// node, and counts it. A frame that fails closes the connection; returns whether it passed.
+    pub(super) fn accept_frame(
+        &self,
+        connection: &Connection,
+        remote: PeerId,
+        frame: &wire::Frame,
+        expected: Kind,
+    ) -> bool {
+        if frame.header.kind != expected {
+            self.protocol_violation(connection, remote, "unexpected_kind");
+            return false;
+        }
+        if frame.dst != self.local_id {
+            self.protocol_violation(connection, remote, "wrong_destination");
+            return false;
+        }
+        self.metrics.frames_received.inc();
+        self.metrics
+            .bytes_received
+            .inc_by((frame.payload.len() + wire::FRAME_OVERHEAD) as u64);
+        true
+    }
+
+    pub(super) async fn connection_loop(self: Arc<Self>, connection: Connection, remote: PeerId) {
+        loop {
+            tokio::select! {
+                stream = connection.accept_uni() => match stream {
+                    Ok(recv) => {
+                        tokio::spawn(self.clone().read_messages(connection.clone(), remote, recv));
+                    }
+                    Err(_) => break,
+                },
+                stream = connection.accept_bi() => match stream {
+                    Ok((send, recv)) => {
+                        tokio::spawn(self.clone().serve_request(connection.clone(), remote, send, recv));
+                    }
+                    Err(_) => break,
+                },
+            }
+        }
+        let reason = connection.closed().await;
+        self.on_connection_closed(remote, &connection, reason);
+    }
+
+    async fn read_messages(
+        self: Arc<Self>,
+        connection: Connection,
+        remote: PeerId,
+        mut recv: RecvStream,
+    ) {
+        // A stream's first two bytes say what it carries: message frames or one batch.
+        let mut magic = [0u8; 2];
+        match recv.read_exact(&mut magic).await {
+            Ok(()) => {}
+            Err(quinn::ReadExactError::FinishedEarly(1)) => {
+                self.protocol_violation(&connection, remote, "truncated");
+                return;
+            }
+            Err(_) => return,
+        }
+        if magic == batch::BATCH_MAGIC {
+            self.accept_batch(remote, recv).await;
+            return;
+        }
+        let mut prefix: &[u8] = &magic;
+        loop {
+            let read = read_frame_after(&mut recv, prefix, &self.config.limits).await;
+            prefix = &[];
+            let frame = match read {
+                Ok(Some(frame)) => frame,
+                Ok(None) | Err(ReadFrameError::Stream(_)) => return,
+                Err(ReadFrameError::Wire(error)) => {
+                    self.protocol_violation(&connection, remote, wire_error_label(&error));
+                    return;
+                }
+            };
+            if !self.accept_frame(&connection, remote, &frame, Kind::Message) {
+                return;
+            }
+            self.deliver(InboundMessage {
+                from: remote,
+                protocol: frame.header.protocol,
+                message_id: frame.header.message_id,
+                payload: frame.payload,
+            })
+            .await;
+        }
+    }
+
+    async fn deliver(&self, message: InboundMessage) {
+        let subscriber = self.subscribers.get(message.protocol);
+        let Some(subscriber) = subscriber else {
+            self.metrics.drop_message("no_subscriber");
+            return;
+        };
+        if subscriber.send(message).await.is_err() {
+            self.metrics.drop_message("no_subscriber");
+        }
+    }
+}

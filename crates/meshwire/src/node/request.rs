@@ -1,0 +1,182 @@
+//! Make requests: one fresh stream per request, the whole exchange under one deadline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use meshwire_proto::wire::{
+    self, EncodedMessage, ErrorCode, Kind, MsgHeader, ProtocolId, WireError,
+};
+use meshwire_proto::PeerId;
+use quinn::{ConnectionError, ReadError, WriteError};
+use tokio::time::Instant;
+
+use super::{Inner, Node};
+use crate::framing::{read_frame, wire_error_label, ReadFrameError};
+
+/// Why a request failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// No connection to the peer.
+    #[error("not connected to {0}")]
+    NotConnected(PeerId),
+    /// The whole exchange did not finish within the deadline; the streams were abandoned.
+    #[error("request timed out after {0:?}")]
+    Timeout(Duration),
+    /// The peer has no handler for the protocol (the peer's words).
+    #[error("the peer refused the request: {0}")]
+    Refused(String),
+    /// The request exceeds this node's frame limits; nothing was sent.
+    #[error("request too large: {0}")]
+    TooLarge(WireError),
+    /// The request or its response exceeds the peer's limits (the peer's words).
+    #[error("too large for the peer: {0}")]
+    RemoteTooLarge(String),
+    /// The peer's handler returned an error (its text).
+    #[error("the peer's handler failed: {0}")]
+    Remote(String),
+    /// The connection broke before the request stream opened.
+    #[error("peer gone: {0}")]
+    ConnectionLost(ConnectionError),
+    /// Writing the request failed.
+    #[error("peer gone while sending the request: {0}")]
+    WriteFailed(WriteError),
+    /// Reading the response failed.
+    #[error("peer gone while reading the response: {0}")]
+    ReadFailed(ReadError),
+    /// The peer finished the stream without a response.
+    #[error("peer gone: the stream ended without a response")]
+    NoResponse,
+    /// The response does not decode; the connection was closed.
+    #[error("malformed response: {0}")]
+    Malformed(WireError),
+    /// The response was addressed to another node; the connection was closed.
+    #[error("malformed response: addressed to another node")]
+    WrongDestination,
+    /// The response is not a response to this request; the connection was closed.
+    #[error("malformed response: unexpected kind or message id")]
+    UnexpectedResponse,
+    /// The peer found the request malformed (the peer's words).
+    #[error("the peer found the request malformed: {0}")]
+    RemoteMalformed(String),
+}
+
+impl RequestError {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::NotConnected(_) => "not_connected",
+            Self::Timeout(_) => "timeout",
+            Self::Refused(_) => "refused",
+            Self::TooLarge(_) | Self::RemoteTooLarge(_) => "too_large",
+            Self::Remote(_) => "remote_error",
+            Self::ConnectionLost(_)
+            | Self::WriteFailed(_)
+            | Self::ReadFailed(_)
+            | Self::NoResponse => "peer_gone",
+            Self::Malformed(_)
+            | Self::WrongDestination
+            | Self::UnexpectedResponse
+            | Self::RemoteMalformed(_) => "protocol_error",
+        }
+    }
+}
+
+impl Node {
+    /// Sends `body` to `peer` on `protocol` and waits for the response. `deadline` covers the whole
+    /// exchange; on expiry the streams are abandoned and the peer told to stop.
+    pub async fn request(
+        &self,
+        peer: PeerId,
+        protocol: ProtocolId,
+        body: Bytes,
+        deadline: Duration,
+    ) -> Result<Bytes, RequestError> {
+        let started = Instant::now();
+        let result = match tokio::time::timeout(
+            deadline,
+            self.inner.clone().request_once(peer, protocol, body),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(RequestError::Timeout(deadline)),
+        };
+        match &result {
+            Ok(_) => {
+                self.inner.metrics.request_outcome("ok");
+                self.inner
+                    .metrics
+                    .request_seconds
+                    .observe(started.elapsed().as_secs_f64());
+            }
+            Err(error) => self.inner.metrics.request_outcome(error.label()),
+        }
+        result
+    }
+}
+
+impl Inner {
+    async fn request_once(
+        self: Arc<Self>,
+        peer: PeerId,
+        protocol: ProtocolId,
+        body: Bytes,
+    ) -> Result<Bytes, RequestError> {
+        let (connection, dst) = self.current(peer).ok_or(RequestError::NotConnected(peer))?;
+        let message_id = self.next_id();
+        let header = MsgHeader {
+            kind: Kind::Request,
+            flags: 0,
+            protocol,
+            message_id,
+        };
+        let message = EncodedMessage::encode(&header, body, &self.config.limits)
+            .map_err(RequestError::TooLarge)?;
+        let (mut send, mut recv) = connection
+            .open_bi()
+            .await
+            .map_err(RequestError::ConnectionLost)?;
+        send.write_all_chunks(&mut message.chunks_for(&dst))
+            .await
+            .map_err(RequestError::WriteFailed)?;
+        let _ = send.finish();
+        self.metrics.frames_sent.inc();
+        self.metrics.bytes_sent.inc_by(message.frame_len() as u64);
+        let frame = match read_frame(&mut recv, &self.config.limits).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return Err(RequestError::NoResponse),
+            Err(ReadFrameError::Stream(error)) => return Err(RequestError::ReadFailed(error)),
+            Err(ReadFrameError::Wire(error)) => {
+                self.protocol_violation(&connection, peer, wire_error_label(&error));
+                return Err(RequestError::Malformed(error));
+            }
+        };
+        self.metrics.observe_rtt(&peer, connection.rtt());
+        self.metrics.frames_received.inc();
+        self.metrics
+            .bytes_received
+            .inc_by((frame.payload.len() + wire::FRAME_OVERHEAD) as u64);
+        if frame.dst != self.local_id {
+            self.protocol_violation(&connection, peer, "wrong_destination");
+            return Err(RequestError::WrongDestination);
+        }
+        match frame.header.kind {
+            Kind::Response if frame.header.message_id == message_id => Ok(frame.payload),
+            Kind::ErrorResponse => match wire::decode_error_payload(&frame.payload) {
+                Ok((ErrorCode::Handler, reason)) => Err(RequestError::Remote(reason)),
+                Ok((ErrorCode::NoHandler, reason)) => Err(RequestError::Refused(reason)),
+                Ok((ErrorCode::TooLarge, reason)) => Err(RequestError::RemoteTooLarge(reason)),
+                Ok((ErrorCode::Malformed, reason)) => Err(RequestError::RemoteMalformed(reason)),
+                Err(error) => {
+                    self.protocol_violation(&connection, peer, wire_error_label(&error));
+                    Err(RequestError::Malformed(error))
+                }
+            },
+            _ => {
+                self.protocol_violation(&connection, peer, "unexpected_kind");
+                Err(RequestError::UnexpectedResponse)
+            }
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! Serve requests with one handler per protocol, each answer on the request's own stream.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use meshwire_proto::wire::{
+    self, Destination, EncodedMessage, ErrorCode, Kind, Limits, MsgHeader, ProtocolId, WireError,
+};
+use meshwire_proto::PeerId;
+use quinn::{Connection, RecvStream, SendStream, VarInt};
+
+use super::registry::Attachment;
+use super::{Inner, Node, SubscribeError};
+use crate::framing::{read_frame, wire_error_label, ReadFrameError};
+
+/// Stream reset code: the request took too long to arrive.
+const RESET_REQUEST_TIMEOUT: u32 = 1;
+
+/// A boxed error a service's handler fails with.
+pub type ServiceError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a request handler could not answer; its text reaches the caller as
+/// [`crate::RequestError::Remote`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandlerError {
+    /// The service behind the handler has stopped.
+    #[error("the service has stopped")]
+    Stopped,
+    /// The request body does not decode.
+    #[error("malformed request: {0}")]
+    Malformed(#[source] ServiceError),
+    /// The service failed to serve the request.
+    #[error(transparent)]
+    Failed(ServiceError),
+}
+
+type HandlerFuture = Pin<Box<dyn Future<Output = Result<Bytes, HandlerError>> + Send>>;
+pub(super) type Handler = Arc<dyn Fn(PeerId, Bytes) -> HandlerFuture + Send + Sync>;
+
+impl Attachment for Handler {
+    fn is_attached(&self) -> bool {
+        // A handler serves until it is removed with `Node::stop_handling`.
+        true
+    }
+}
+
+impl Node {
+    /// Serves requests on `protocol` with `handler`. One handler per protocol: a second is refused
+    /// until [`Node::stop_handling`] removes the first.
+    pub fn handle<F, Fut>(&self, protocol: ProtocolId, handler: F) -> Result<(), SubscribeError>
+    where
+        F: Fn(PeerId, Bytes) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Bytes, HandlerError>> + Send + 'static,
+    {
+        let handler: Handler = Arc::new(move |peer, body| Box::pin(handler(peer, body)));
+        self.inner.handlers.attach(protocol, handler)
+    }
+
+    /// Stops serving requests on `protocol`; later requests are refused as having no handler.
+    /// Returns whether a handler was removed.
+    pub fn stop_handling(&self, protocol: ProtocolId) -> bool {
+        self.inner.handlers.detach(protocol)
+    }
+}
+
+impl Inner {
+    pub(super) async fn serve_request(
+        self: Arc<Self>,
+        connection: Connection,
+        remote: PeerId,
+        mut send: SendStream,
+        mut recv: RecvStream,
+    ) {
+        let limits = self.config.limits;
+        let arrival = tokio::time::timeout(
+            self.config.inbound_request_timeout,
+            read_frame(&mut recv, &limits),
+        )
+        .await;
+        let frame = match arrival {
+            Err(_) => {
+                self.metrics.frame_error("request_timeout");
+                let _ = send.reset(VarInt::from_u32(RESET_REQUEST_TIMEOUT));
+                return;
+            }
+            Ok(Ok(Some(frame))) => frame,
+            Ok(Ok(None)) => {
+                self.protocol_violation(&connection, remote, "empty_request");
+                return;
+            }
+            Ok(Err(ReadFrameError::Stream(_))) => return,
+            Ok(Err(ReadFrameError::Wire(error @ WireError::PayloadTooLarge { .. }))) => {
+                self.metrics.frame_error("too_large");
+                let _ = recv.stop(VarInt::from_u32(0));
+                let reply = wire::encode_error_payload(ErrorCode::TooLarge, &error.to_string());
+                self.respond(
+                    &mut send,
+                    remote,
+                    Kind::ErrorResponse,
+                    ProtocolId(0),
+                    0,
+                    reply,
+                    &limits,
+                )
+                .await;
+                return;
+            }
+            Ok(Err(ReadFrameError::Wire(error))) => {
+                self.protocol_violation(&connection, remote, wire_error_label(&error));
+                return;
+            }
+        };
+        if !self.accept_frame(&connection, remote, &frame, Kind::Request) {
+            return;
+        }
+        let protocol = frame.header.protocol;
+        let handler = self.handlers.get(protocol);
+        let (kind, body) = match handler {
+            None => (
+                Kind::ErrorResponse,
+                wire::encode_error_payload(
+                    ErrorCode::NoHandler,
+                    &format!("no handler for protocol {}", protocol.0),
+                ),
+            ),
+            Some(handler) => match handler(remote, frame.payload).await {
+                Ok(body) if body.len() as u64 > u64::from(limits.max_payload_bytes) => (
+                    Kind::ErrorResponse,
+                    wire::encode_error_payload(
+                        ErrorCode::TooLarge,
+                        &format!("response of {} bytes exceeds the limit", body.len()),
+                    ),
+                ),
+                Ok(body) => (Kind::Response, body),
+                Err(error) => (
+                    Kind::ErrorResponse,
+                    wire::encode_error_payload(ErrorCode::Handler, &error.to_string()),
+                ),
+            },
+        };
+        self.respond(
+            &mut send,
+            remote,
+            kind,
+            protocol,
+            frame.header.message_id,
+            body,
+            &limits,
+        )
+        .await;
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn respond(
+        &self,
+        send: &mut SendStream,
+        remote: PeerId,
+        kind: Kind,
+        protocol: ProtocolId,
+        message_id: u64,
+        body: Bytes,
+        limits: &Limits,
+    ) {
+        let header = MsgHeader {
+            kind,
+            flags: 0,
+            protocol,
+            message_id,
+        };
+        let body = if kind == Kind::ErrorResponse {
+            // An error reason is cut to fit the limit rather than lost.
+            body.slice(..body.len().min(limits.max_payload_bytes as usize))
+        } else {
+            body
+        };
+        let Ok(message) = EncodedMessage::encode(&header, body, limits) else {
+            return;
+        };
+        let dst = Destination::new(&remote);
+        if send
+            .write_all_chunks(&mut message.chunks_for(&dst))
+            .await
+            .is_ok()
+        {
+            self.metrics.frames_sent.inc();
+            self.metrics.bytes_sent.inc_by(message.frame_len() as u64);
+        }
+        let _ = send.finish();
+    }
+}

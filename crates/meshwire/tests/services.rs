@@ -1,0 +1,180 @@
+//! How services attach to a node: one per protocol, a refused second, and lossless peer changes.
+
+mod support;
+
+use bytes::Bytes;
+use meshwire::{Node, PeerChange, ProtocolId, SendError, SubscribeError};
+use support::*;
+
+const CHAT: ProtocolId = ProtocolId(1);
+const ECHO: ProtocolId = ProtocolId(2);
+
+#[tokio::test]
+async fn a_second_subscriber_to_a_protocol_is_refused_until_the_first_lets_go() {
+    let node = start(1);
+    let inbox = node.subscribe(CHAT).unwrap();
+    assert_eq!(
+        node.subscribe(CHAT).unwrap_err(),
+        SubscribeError::AlreadySubscribed(CHAT)
+    );
+    drop(inbox);
+    node.subscribe(CHAT).unwrap();
+
+    let batches = node.subscribe_batches(CHAT).unwrap();
+    assert_eq!(
+        node.subscribe_batches(CHAT).unwrap_err(),
+        SubscribeError::AlreadySubscribed(CHAT)
+    );
+    drop(batches);
+    node.subscribe_batches(CHAT).unwrap();
+
+    let datagrams = node.subscribe_datagrams(CHAT, 8).unwrap();
+    assert_eq!(
+        node.subscribe_datagrams(CHAT, 8).unwrap_err(),
+        SubscribeError::AlreadySubscribed(CHAT)
+    );
+    drop(datagrams);
+    node.subscribe_datagrams(CHAT, 8).unwrap();
+}
+
+#[tokio::test]
+async fn a_second_handler_is_refused_and_the_first_keeps_serving() {
+    let a = start(1);
+    let b = start(2);
+    b.handle(ECHO, |_, body| async move { Ok(body) }).unwrap();
+    assert_eq!(
+        b.handle(
+            ECHO,
+            |_, _| async move { Ok(Bytes::from_static(b"second")) }
+        )
+        .unwrap_err(),
+        SubscribeError::AlreadySubscribed(ECHO)
+    );
+    connect(&a, &b).await;
+    let answer = a
+        .request(b.peer_id(), ECHO, Bytes::from_static(b"first"), PATIENCE)
+        .await
+        .unwrap();
+    assert_eq!(&answer[..], b"first");
+
+    // Removing the handler frees the protocol for another.
+    assert!(b.stop_handling(ECHO));
+    assert!(!b.stop_handling(ECHO));
+    b.handle(
+        ECHO,
+        |_, _| async move { Ok(Bytes::from_static(b"second")) },
+    )
+    .unwrap();
+    let answer = a
+        .request(b.peer_id(), ECHO, Bytes::from_static(b"first"), PATIENCE)
+        .await
+        .unwrap();
+    assert_eq!(&answer[..], b"second");
+}
+
+#[tokio::test]
+async fn a_refused_send_hands_the_payload_back() {
+    let a = start(1);
+    let stranger = start(2).peer_id();
+    let payload = Bytes::from(vec![9u8; 4096]);
+    let error = a.send(stranger, CHAT, payload.clone()).await.unwrap_err();
+    assert!(matches!(error, SendError::UnknownPeer { peer, .. } if peer == stranger));
+    let returned = error.into_payload();
+    assert_eq!(returned, payload);
+    assert_eq!(
+        returned.as_ptr(),
+        payload.as_ptr(),
+        "the same bytes, not a copy"
+    );
+
+    let mut config = config(3);
+    config.limits.max_payload_bytes = 1024;
+    let small = Node::bind(config, loopback()).unwrap();
+    let big = Bytes::from(vec![1u8; 1025]);
+    let error = small.try_send(stranger, CHAT, big.clone()).unwrap_err();
+    assert!(matches!(error, SendError::TooLarge { .. }));
+    assert_eq!(error.payload().as_ptr(), big.as_ptr());
+}
+
+/// Waits until `node` lists no connected peer.
+async fn until_alone(node: &Node) {
+    tokio::time::timeout(PATIENCE, async {
+        while !node.connected_peers().is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the peer never went away");
+}
+
+#[tokio::test]
+async fn a_reader_that_reads_late_still_sees_the_peer_go_down_and_come_back() {
+    let a = start(1);
+    let mut changes = a.peer_events();
+    let b = start(2);
+    let b_id = b.peer_id();
+    connect(&b, &a).await;
+    until_connected(&a, b_id).await;
+    assert_eq!(changes.recv().await, Some(PeerChange::Up(b_id)));
+    // From here on the reader is slow: it reads nothing until the peer is back.
+    b.close().await;
+    drop(b);
+    until_alone(&a).await;
+    // The same identity comes back on a new socket.
+    let b = start(2);
+    connect(&b, &a).await;
+    until_connected(&a, b_id).await;
+
+    // Nothing was read since the peer came up; the bounce is still there, in order.
+    let mut seen = Vec::new();
+    while let Some(change) = changes.try_recv() {
+        seen.push(change);
+    }
+    assert_eq!(seen, [PeerChange::Down(b_id), PeerChange::Up(b_id)]);
+
+    // A subscriber that starts now first learns who is up.
+    let mut late = a.peer_events();
+    assert_eq!(late.recv().await, Some(PeerChange::Up(b_id)));
+    assert_eq!(late.try_recv(), None);
+}
+
+#[tokio::test]
+async fn datagrams_reach_only_the_subscriber_of_their_protocol() {
+    let a = start(1);
+    let b = start(2);
+    let mut chat = b.subscribe_datagrams(CHAT, 64).unwrap();
+    let mut echo = b.subscribe_datagrams(ECHO, 64).unwrap();
+    connect(&a, &b).await;
+    until_connected(&b, a.peer_id()).await;
+    let unheard = ProtocolId(0x1234_5678);
+    // Datagrams may be lost even on loopback: send until one of each has arrived (the unheard
+    // one is counted as dropped). A connection's datagrams are routed in order by one task.
+    let arrived = tokio::time::timeout(PATIENCE, async {
+        let mut arrived = None;
+        while arrived.is_none() || b.datagrams_dropped() == 0 {
+            a.send_datagram(b.peer_id(), unheard, Bytes::from_static(b"nobody"))
+                .unwrap();
+            a.send_datagram(b.peer_id(), CHAT, Bytes::from_static(b"hello"))
+                .unwrap();
+            tokio::select! {
+                Some(datagram) = chat.recv() => arrived = arrived.or(Some(datagram)),
+                _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+            }
+        }
+        arrived
+    })
+    .await
+    .expect("the datagrams never arrived")
+    .expect("one arrived");
+    assert_eq!(arrived.from, a.peer_id());
+    assert_eq!(arrived.protocol, CHAT);
+    assert_eq!(&arrived.payload[..], b"hello");
+    assert!(
+        echo.try_recv().is_err(),
+        "another protocol's subscriber got nothing"
+    );
+    assert!(
+        b.datagrams_dropped() >= 1,
+        "the unheard protocol's datagrams were dropped"
+    );
+}
