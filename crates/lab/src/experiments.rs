@@ -41,13 +41,11 @@ pub struct Trial<'a> {
 impl Trial<'_> {
     /// The case's parameters as `T` (see [`CaseFile::params`]).
     pub fn params<T: DeserializeOwned>(&self) -> Result<T, ScenarioError> {
-        self.case
-            .params()
-            .map_err(|source| ScenarioError::Params {
-                path: self.scenario.to_string(),
-                case: self.case.name.clone(),
-                source,
-            })
+        self.case.params().map_err(|source| ScenarioError::Params {
+            path: self.scenario.to_string(),
+            case: self.case.name.clone(),
+            source: Box::new(source),
+        })
     }
 
     /// A failure of this trial's case.
@@ -113,12 +111,16 @@ impl Experiment {
 pub const EXPERIMENTS: &[Experiment] = &[
     Experiment {
         kind: "calibration",
-        description: "the emulator against theory: round trip, bulk goodput, packet rate, loss, partition",
+        description:
+            "the emulator against theory: round trip, bulk goodput, packet rate, loss, partition",
         policies: &["meshwire"],
         workloads: &[
             Workload::with::<calibration::RttParams>("rtt", "echo requests on a warm connection"),
             Workload::with::<calibration::BulkParams>("bulk", "1 MiB messages a to b"),
-            Workload::with::<calibration::PpsParams>("pps", "raw datagrams above a packet-rate link"),
+            Workload::with::<calibration::PpsParams>(
+                "pps",
+                "raw datagrams above a packet-rate link",
+            ),
             Workload::with::<calibration::LossParams>("loss", "raw datagrams over a lossy link"),
             Workload::with::<calibration::PartitionParams>(
                 "partition",
@@ -141,7 +143,8 @@ pub const EXPERIMENTS: &[Experiment] = &[
     },
     Experiment {
         kind: "gossip",
-        description: "an Internet Computer subnet's gossip: adverts, bytes, ingress latency, delivery",
+        description:
+            "an Internet Computer subnet's gossip: adverts, bytes, ingress latency, delivery",
         policies: &["flood", "ic-origin", "meshwire"],
         workloads: &[Workload::with::<gossip::Params>(
             "ic-subnet",
@@ -222,12 +225,17 @@ pub const EXPERIMENTS: &[Experiment] = &[
 
 /// The experiment of scenario kind `kind`.
 pub fn find(kind: &str) -> Option<&'static Experiment> {
-    EXPERIMENTS.iter().find(|experiment| experiment.kind == kind)
+    EXPERIMENTS
+        .iter()
+        .find(|experiment| experiment.kind == kind)
 }
 
 /// Every kind, in table order.
 pub fn kinds() -> Vec<&'static str> {
-    EXPERIMENTS.iter().map(|experiment| experiment.kind).collect()
+    EXPERIMENTS
+        .iter()
+        .map(|experiment| experiment.kind)
+        .collect()
 }
 
 /// A congestion controller as scenario params name it.
@@ -309,7 +317,12 @@ params = { not_a_parameter = 0 }
 
     #[test]
     fn a_misspelt_parameter_is_refused_naming_it_and_the_valid_ones() {
-        let message = error(&scenario("calibration", "meshwire", "rtt", "{ requsts = 21 }"));
+        let message = error(&scenario(
+            "calibration",
+            "meshwire",
+            "rtt",
+            "{ requsts = 21 }",
+        ));
         assert!(message.contains("requsts"), "{message}");
         assert!(message.contains("`requests`"), "{message}");
         let message = error(&scenario(
@@ -319,46 +332,67 @@ params = { not_a_parameter = 0 }
             "{ mebibyte = 2 }",
         ));
         assert!(message.contains("mebibyte"), "{message}");
-        for field in ["mebibytes", "warmup_mebibytes", "stream_window_bytes", "congestion"] {
+        for field in [
+            "mebibytes",
+            "warmup_mebibytes",
+            "stream_window_bytes",
+            "congestion",
+        ] {
             assert!(message.contains(&format!("`{field}`")), "{message}");
         }
-        let message = error(&scenario(
-            "xx-team",
-            "meshwire",
-            "ring",
-            "{ node = 3 }",
-        ));
-        assert!(message.contains("node") && message.contains("`nodes`"), "{message}");
+        let message = error(&scenario("xx-team", "meshwire", "ring", "{ node = 3 }"));
+        assert!(
+            message.contains("node") && message.contains("`nodes`"),
+            "{message}"
+        );
     }
 
     #[test]
     fn a_wrong_type_or_value_is_refused() {
         let message = error(&scenario("fanout", "naive", "fanout", "{ peers = -1 }"));
-        assert!(message.contains("peers") || message.contains("-1"), "{message}");
+        assert!(
+            message.contains("peers") || message.contains("-1"),
+            "{message}"
+        );
         let message = error(&scenario(
             "session",
             "meshwire",
             "transfer",
             r#"{ direct = { latency_ms = 5 }, congestion = "vegas" }"#,
         ));
-        assert!(message.contains("vegas") && message.contains("`bbr`"), "{message}");
+        assert!(
+            message.contains("vegas") && message.contains("`bbr`"),
+            "{message}"
+        );
         let message = error(&scenario(
             "multipath",
             "meshwire",
             "converge",
             "{ mib = 8, paths = [{ latency_ms = 5, rate_packets_per_s = 10 }] }",
         ));
-        assert!(message.contains("mib applies to workload transfer"), "{message}");
+        assert!(
+            message.contains("mib applies to workload transfer"),
+            "{message}"
+        );
     }
 
     #[test]
     fn unknown_kinds_workloads_and_policies_are_refused_naming_the_valid_ones() {
         let message = error(&scenario("calibrate", "meshwire", "rtt", "{}"));
-        assert!(message.contains("calibrate") && message.contains("zold-fetch"), "{message}");
+        assert!(
+            message.contains("calibrate") && message.contains("zold-fetch"),
+            "{message}"
+        );
         let message = error(&scenario("calibration", "meshwire", "ping", "{}"));
-        assert!(message.contains("ping") && message.contains("partition"), "{message}");
+        assert!(
+            message.contains("ping") && message.contains("partition"),
+            "{message}"
+        );
         let message = error(&scenario("zold-fetch", "random", "quorum-reads", "{}"));
-        assert!(message.contains("random") && message.contains("hedged"), "{message}");
+        assert!(
+            message.contains("random") && message.contains("hedged"),
+            "{message}"
+        );
     }
 
     #[test]
@@ -371,7 +405,12 @@ params = { not_a_parameter = 0 }
             let mut names: Vec<_> = experiment.workloads.iter().map(|w| w.name).collect();
             names.sort_unstable();
             names.dedup();
-            assert_eq!(names.len(), experiment.workloads.len(), "{}", experiment.kind);
+            assert_eq!(
+                names.len(),
+                experiment.workloads.len(),
+                "{}",
+                experiment.kind
+            );
             assert_eq!(find(experiment.kind).map(|e| e.kind), Some(experiment.kind));
         }
     }
@@ -408,9 +447,19 @@ params = { not_a_parameter = 0 }
                 assert!(mentioned(policy), "{}: policy {policy}", experiment.kind);
             }
             for workload in experiment.workloads {
-                assert!(mentioned(workload.name), "{}: workload {}", experiment.kind, workload.name);
+                assert!(
+                    mentioned(workload.name),
+                    "{}: workload {}",
+                    experiment.kind,
+                    workload.name
+                );
                 for field in fields(workload) {
-                    assert!(mentioned(&field), "{}/{}: param {field}", experiment.kind, workload.name);
+                    assert!(
+                        mentioned(&field),
+                        "{}/{}: param {field}",
+                        experiment.kind,
+                        workload.name
+                    );
                 }
             }
         }

@@ -30,7 +30,7 @@ pub enum ScenarioError {
         /// The file.
         path: String,
         /// What the TOML reader said.
-        source: toml::de::Error,
+        source: Box<toml::de::Error>,
     },
     /// A case's `params` do not fit its experiment's parameters (a misspelt or unknown key, a
     /// wrong type).
@@ -41,7 +41,7 @@ pub enum ScenarioError {
         /// The case.
         case: String,
         /// What the TOML reader said, naming the key and the valid ones.
-        source: toml::de::Error,
+        source: Box<toml::de::Error>,
     },
     /// The file is not a valid scenario.
     #[error("scenario {path} is invalid: {reason}")]
@@ -50,6 +50,14 @@ pub enum ScenarioError {
         path: String,
         /// What is wrong.
         reason: String,
+    },
+    /// A case's lab could not be built or run.
+    #[error("case {case}: the lab failed")]
+    Lab {
+        /// The case.
+        case: String,
+        /// What the lab said.
+        source: crate::lab::LabError,
     },
     /// The scenario ran but an experiment failed.
     #[error("case {case}: {reason}")]
@@ -62,6 +70,14 @@ pub enum ScenarioError {
 }
 
 impl ScenarioError {
+    /// A failure of `case`'s lab.
+    pub fn lab(case: &CaseFile, source: crate::lab::LabError) -> Self {
+        Self::Lab {
+            case: case.name.clone(),
+            source,
+        }
+    }
+
     /// A failure of `case`'s experiment.
     pub fn failed(case: &CaseFile, reason: impl Into<String>) -> Self {
         Self::Failed {
@@ -79,7 +95,7 @@ pub fn run_case_to_end(
 ) -> Result<(), ScenarioError> {
     let finished = lab
         .run(case.duration(), progress)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     if !finished {
         return Err(ScenarioError::failed(
             case,
@@ -223,7 +239,7 @@ impl ScenarioFile {
         };
         let scenario: Self = toml::from_str(text).map_err(|source| ScenarioError::Syntax {
             path: origin.to_string(),
-            source,
+            source: Box::new(source),
         })?;
         if scenario.cases.is_empty() {
             return Err(invalid("a scenario needs at least one [[case]]".into()));
@@ -268,7 +284,7 @@ impl ScenarioFile {
             (workload.check)(case).map_err(|source| ScenarioError::Params {
                 path: origin.to_string(),
                 case: case.name.clone(),
-                source,
+                source: Box::new(source),
             })?;
         }
         Ok(scenario)

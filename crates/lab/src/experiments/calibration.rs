@@ -131,7 +131,10 @@ impl Default for PartitionParams {
 }
 
 /// Runs one calibration case and returns its metrics.
-pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metrics, ScenarioError> {
+pub fn run(
+    trial: &Trial<'_>,
+    progress: &mut dyn FnMut(Duration),
+) -> Result<Metrics, ScenarioError> {
     let case = trial.case;
     let spec = case
         .link
@@ -156,7 +159,7 @@ pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metr
         }
     }
     lab.link_both("a", "b", spec)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     crate::scenario::run_case_to_end(&mut lab, case, progress)?;
     let metrics = metrics
         .borrow()
@@ -185,7 +188,7 @@ fn serve_forever(lab: &mut Lab, configure: impl Fn(&mut NodeConfig) + 'static) {
 fn node_b(lab: &Lab, case: &CaseFile) -> Result<(SocketAddr, meshwire::PeerId), ScenarioError> {
     let address = lab
         .node_address("b")
-        .map_err(|e| ScenarioError::failed(case, e.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     Ok((address, lab.peer_id("b")))
 }
 
@@ -334,7 +337,7 @@ fn packet_rate(
     }
     let b = std::net::SocketAddr::new(
         lab.ip("b")
-            .map_err(|e| ScenarioError::failed(case, e.to_string()))?,
+            .map_err(|error| ScenarioError::lab(case, error))?,
         RAW_PORT,
     );
     lab.client("a", move |context| async move {
@@ -388,7 +391,7 @@ fn loss(
     }
     let b = std::net::SocketAddr::new(
         lab.ip("b")
-            .map_err(|e| ScenarioError::failed(case, e.to_string()))?,
+            .map_err(|error| ScenarioError::lab(case, error))?,
         RAW_PORT,
     );
     lab.client("a", move |context| async move {

@@ -72,7 +72,10 @@ impl Default for Params {
 }
 
 /// Runs one fan-out case under the trial's policy (`meshwire` or `naive`).
-pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metrics, ScenarioError> {
+pub fn run(
+    trial: &Trial<'_>,
+    progress: &mut dyn FnMut(Duration),
+) -> Result<Metrics, ScenarioError> {
     let (case, seed, policy) = (trial.case, trial.seed, trial.policy);
     if !meshwire_alloc_count::is_installed() {
         return Err(ScenarioError::failed(
@@ -121,7 +124,7 @@ pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metr
         .iter()
         .map(|name| Ok((lab.node_address(name)?, lab.peer_id(name))))
         .collect::<Result<_, crate::LabError>>()
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     let metrics: Rc<RefCell<Metrics>> = Rc::default();
     {
         let metrics = metrics.clone();
@@ -186,7 +189,7 @@ pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metr
     }
     let finished = lab
         .run(case.duration(), progress)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     meshwire_alloc_count::clear_tracker();
     if !finished {
         return Err(ScenarioError::failed(

@@ -193,7 +193,10 @@ impl Default for Params {
 }
 
 /// Runs one gossip case under the trial's policy.
-pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metrics, ScenarioError> {
+pub fn run(
+    trial: &Trial<'_>,
+    progress: &mut dyn FnMut(Duration),
+) -> Result<Metrics, ScenarioError> {
     let (case, seed, policy) = (trial.case, trial.seed, trial.policy);
     let params: Params = trial.params()?;
     let workload = Workload {
@@ -303,9 +306,9 @@ pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metr
         .iter()
         .map(|name| lab.node_address(name))
         .collect::<Result<_, _>>()
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     lab.run(end, progress)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     let tally = tally.borrow();
     Ok(metrics(&tally, &workload))
 }

@@ -55,7 +55,10 @@ impl Default for Params {
 }
 
 /// Runs one scale case: `nodes` hosts, `requests_per_s` in total, for the case's duration.
-pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metrics, ScenarioError> {
+pub fn run(
+    trial: &Trial<'_>,
+    progress: &mut dyn FnMut(Duration),
+) -> Result<Metrics, ScenarioError> {
     let (case, seed) = (trial.case, trial.seed);
     let params: Params = trial.params()?;
     let nodes = params.nodes as usize;
@@ -135,9 +138,9 @@ pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metr
         .iter()
         .map(|name| lab.node_address(name))
         .collect::<Result<_, _>>()
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     lab.run(warmup + duration + Duration::from_secs(3), progress)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     let wall_seconds = wall.elapsed().as_secs_f64();
     let tally = tally.borrow();
     let mut latencies = tally.latency_ms.clone();

@@ -354,7 +354,10 @@ fn ideal_bytes_per_sec(spec: &LinkSpec, datagram_payload: f64) -> f64 {
 }
 
 /// Runs one case of a `session` scenario.
-pub fn run(trial: &Trial<'_>, _progress: &mut dyn FnMut(Duration)) -> Result<Metrics, ScenarioError> {
+pub fn run(
+    trial: &Trial<'_>,
+    _progress: &mut dyn FnMut(Duration),
+) -> Result<Metrics, ScenarioError> {
     let (case, seed) = (trial.case, trial.seed);
     let policy: Policy =
         trial
@@ -388,8 +391,7 @@ pub fn run(trial: &Trial<'_>, _progress: &mut dyn FnMut(Duration)) -> Result<Met
         congestion,
         limit: case.duration(),
     };
-    let outcome = run_transfer(seed, &plan)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+    let outcome = run_transfer(seed, &plan).map_err(|error| ScenarioError::lab(case, error))?;
     // Session payload per datagram: the session MTU (every datagram but the last is full).
     let payload = settings(policy).session.mtu_bytes as f64;
     let ideal: f64 = [Some(direct), relay]

@@ -109,7 +109,10 @@ pub fn check(case: &CaseFile) -> Result<(), toml::de::Error> {
 }
 
 /// Runs one case under the trial's policy.
-pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metrics, ScenarioError> {
+pub fn run(
+    trial: &Trial<'_>,
+    progress: &mut dyn FnMut(Duration),
+) -> Result<Metrics, ScenarioError> {
     let (case, seed) = (trial.case, trial.seed);
     let fail = |reason: String| ScenarioError::failed(case, reason);
     let policy: Policy = trial
@@ -313,7 +316,9 @@ pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metr
     {
         let mut directory = directory.borrow_mut();
         for name in relays.iter().map(String::as_str).chain(["a", "b"]) {
-            let ip = lab.ip(name).map_err(|e| fail(e.to_string()))?;
+            let ip = lab
+                .ip(name)
+                .map_err(|error| ScenarioError::lab(case, error))?;
             directory.insert(name.to_string(), SocketAddr::new(ip, PORT));
         }
     }
@@ -323,9 +328,9 @@ pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metr
             ..instant
         };
         lab.link("a", relay, *spec)
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|error| ScenarioError::lab(case, error))?;
         lab.link(relay, "a", back)
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|error| ScenarioError::lab(case, error))?;
     }
     if let Some(relay) = outage_path.and_then(|path| relays.get(usize::try_from(path).ok()?)) {
         lab.at(outage_at, LabEvent::Partition("a".into(), relay.clone()));
@@ -335,7 +340,7 @@ pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metr
         );
     }
     lab.run(case.duration() + Duration::from_secs(1), progress)
-        .map_err(|e| fail(e.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
 
     let outcome = outcome.borrow();
     let mut metrics = BTreeMap::new();

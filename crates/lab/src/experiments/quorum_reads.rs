@@ -121,10 +121,14 @@ impl Default for Params {
 }
 
 /// Runs one zold-fetch case under the trial's policy.
-pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metrics, ScenarioError> {
+pub fn run(
+    trial: &Trial<'_>,
+    progress: &mut dyn FnMut(Duration),
+) -> Result<Metrics, ScenarioError> {
     let (case, seed) = (trial.case, trial.seed);
     let policy: Policy =
-        trial.policy
+        trial
+            .policy
             .parse()
             .map_err(|error: meshwire_objects::proto::quorum::QuorumError| {
                 ScenarioError::failed(case, error.to_string())
@@ -238,7 +242,7 @@ pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metr
         .iter()
         .map(|name| lab.node_address(name))
         .collect::<Result<_, _>>()
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
 
     // Per read, the earliest it could finish: the quorum-th fastest healthy answer.
     let ideal_ms: Vec<f64> = (0..reads)
@@ -306,11 +310,11 @@ pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metr
         let mut link = spec;
         link.latency = Duration::from_millis(latency_ms[index]);
         lab.link_both("client", name, link)
-            .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+            .map_err(|error| ScenarioError::lab(case, error))?;
     }
     let finished = lab
         .run(run_for, progress)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     if !finished {
         return Err(ScenarioError::failed(
             case,

@@ -29,7 +29,10 @@ use crate::stats::Metrics;
 
 /// Runs one xx-team case under the trial's policy: `meshwire`, `meshwire-pipelined`, or (with
 /// the `baselines` feature) `grpc-unary-64k` or `grpc-stream`.
-pub fn run(trial: &Trial<'_>, progress: &mut dyn FnMut(Duration)) -> Result<Metrics, ScenarioError> {
+pub fn run(
+    trial: &Trial<'_>,
+    progress: &mut dyn FnMut(Duration),
+) -> Result<Metrics, ScenarioError> {
     let (case, seed) = (trial.case, trial.seed);
     let params: Params = trial.params()?;
     let in_flight = match trial.policy {
