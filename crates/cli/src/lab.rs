@@ -117,16 +117,17 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
                     scenario.description
                 );
             }
-            println!("\nkinds (policies; workloads):");
+            println!("\nkinds (policies), then their workloads:");
             for experiment in EXPERIMENTS {
-                let workloads: Vec<&str> = experiment.workloads.iter().map(|w| w.name).collect();
                 println!(
-                    "{:<14} {} ({}; {})",
+                    "{:<14} {} ({})",
                     experiment.kind,
                     experiment.description,
-                    experiment.policies.join(", "),
-                    workloads.join(", ")
+                    experiment.policies.join(", ")
                 );
+                for workload in experiment.workloads {
+                    println!("  {:<14} {}", workload.name, workload.description);
+                }
             }
             Ok(())
         }

@@ -3,9 +3,14 @@
 //! The lab puts unmodified [`meshwire::Node`]s on turmoil hosts. Each node's QUIC endpoint runs on
 //! a [`socket::LabSocket`], which adds what turmoil lacks — per-link serialization at a rate, bounded
 //! drop-tail queues, i.i.d. loss, jitter, ECN — while turmoil provides latency, partitions and
-//! crashes. The same socket runs over real UDP in real time for cross-checks. Scenario files
-//! (`scenarios/*.toml`, format in `docs/scenarios.md`) describe experiments; [`run_scenario`] runs
-//! one and returns its [`Report`].
+//! crashes. The same socket runs over real UDP in real time for cross-checks.
+//!
+//! The harness is [`lab`] (hosts, faults, the run loop), [`link`] and [`socket`] (the emulated
+//! network), [`scenario`] (scenario files and reports) and [`stats`] (percentiles, rounding). Every
+//! experiment is one module under [`experiments`], registered in [`EXPERIMENTS`] under the
+//! scenario `kind` that selects it, with its policies, workloads and typed parameters. Scenario
+//! files (`scenarios/*.toml`, format in `docs/scenarios.md`) are checked against that table when
+//! loaded; [`run_scenario`] runs one and returns its [`Report`].
 
 pub mod experiments;
 pub mod lab;
