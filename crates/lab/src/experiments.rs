@@ -41,10 +41,10 @@ pub struct Trial<'a> {
 impl Trial<'_> {
     /// The case's parameters as `T` (see [`CaseFile::params`]).
     pub fn params<T: DeserializeOwned>(&self) -> Result<T, ScenarioError> {
-        self.case.params().map_err(|source| ScenarioError::Params {
+        self.case.params().map_err(|error| ScenarioError::Params {
             path: self.scenario.to_string(),
             case: self.case.name.clone(),
-            source: Box::new(source),
+            error: Box::new(error),
         })
     }
 

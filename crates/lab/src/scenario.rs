@@ -25,23 +25,24 @@ pub enum ScenarioError {
         source: std::io::Error,
     },
     /// The file is not valid TOML or does not have a scenario's fields.
-    #[error("scenario {path} is invalid: {source}")]
+    #[error("scenario {path} is invalid: {}", error.to_string().trim_end())]
     Syntax {
         /// The file.
         path: String,
-        /// What the TOML reader said.
-        source: Box<toml::de::Error>,
+        /// What the TOML reader said (in the message, so it is not also a separate cause).
+        error: Box<toml::de::Error>,
     },
     /// A case's `params` do not fit its experiment's parameters (a misspelt or unknown key, a
     /// wrong type).
-    #[error("scenario {path}, case {case}: params: {source}")]
+    #[error("scenario {path}, case {case}: params: {}", error.to_string().trim_end())]
     Params {
         /// The file.
         path: String,
         /// The case.
         case: String,
-        /// What the TOML reader said, naming the key and the valid ones.
-        source: Box<toml::de::Error>,
+        /// What the TOML reader said, naming the key and the valid ones (in the message, so
+        /// it is not also a separate cause).
+        error: Box<toml::de::Error>,
     },
     /// The file is not a valid scenario.
     #[error("scenario {path} is invalid: {reason}")]
@@ -237,9 +238,9 @@ impl ScenarioFile {
             path: origin.to_string(),
             reason,
         };
-        let scenario: Self = toml::from_str(text).map_err(|source| ScenarioError::Syntax {
+        let scenario: Self = toml::from_str(text).map_err(|error| ScenarioError::Syntax {
             path: origin.to_string(),
-            source: Box::new(source),
+            error: Box::new(error),
         })?;
         if scenario.cases.is_empty() {
             return Err(invalid("a scenario needs at least one [[case]]".into()));
@@ -281,10 +282,10 @@ impl ScenarioFile {
                         .join(", ")
                 ))
             })?;
-            (workload.check)(case).map_err(|source| ScenarioError::Params {
+            (workload.check)(case).map_err(|error| ScenarioError::Params {
                 path: origin.to_string(),
                 case: case.name.clone(),
-                source: Box::new(source),
+                error: Box::new(error),
             })?;
         }
         Ok(scenario)
