@@ -2,7 +2,8 @@
 //!
 //! `nodes` hosts in a full mesh run [`meshwire_gossip::GossipService`] with one of three policies:
 //!
-//! * `flood`: every class relayed by every receiver, advertised only (the IC before, `docs/lessons.md`);
+//! * `flood`: every class relayed by every receiver, advertised only (the IC before,
+//!   `docs/lessons.md`);
 //! * `ic-origin`: ingress advertised by its origin only, consensus artifacts relayed by all;
 //! * `meshwire`: as `ic-origin`, and artifacts of at most `push_whole_max_bytes` (ingress, shares)
 //!   are pushed whole instead of advertised.

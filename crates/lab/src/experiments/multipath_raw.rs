@@ -143,8 +143,8 @@ pub fn run(
         .collect();
     // NKN's emulator hands a packet to its rate limiter through an unbuffered channel: the
     // writer blocks until the path takes the packet (one per 1/rate), so nothing queues in front
-    // of the bottleneck and a packet's send time excludes the wait. `writer_blocks = false` keeps the
-    // lab link's own queue instead (a packet is stamped, then waits).
+    // of the bottleneck and a packet's send time excludes the wait. `writer_blocks = false` keeps
+    // the lab link's own queue instead (a packet is stamped, then waits).
     let writer_blocks = params.writer_blocks;
     let initial_windows = params.initial_windows.clone();
     let workload = case.workload.as_str();

@@ -1,5 +1,5 @@
-//! Reproduce Zold's fetch (`docs/lessons.md`): a client reads objects at quorum from nodes that each hold
-//! every object, while some nodes are slow and one is dead.
+//! Reproduce Zold's fetch (`docs/lessons.md`): a client reads objects at quorum from nodes that
+//! each hold every object, while some nodes are slow and one is dead.
 //!
 //! Every server host runs a node with an object service over an in-memory store holding all the
 //! objects (as every Zold node can serve any wallet). Each server sits at its own one-way latency
