@@ -7,6 +7,7 @@ use anyhow::{bail, ensure, Context};
 use bytes::Bytes;
 use meshwire::protocols::{BULK, BULK_STREAM, DATA as CHAT, ECHO};
 use meshwire::{Keypair, Node, NodeConfig, PeerId};
+use meshwire_lab::stats::percentile;
 use meshwire_objects::net::store::Store;
 use meshwire_objects::net::{ObjectConfig, ObjectService};
 
@@ -238,8 +239,8 @@ async fn requests(nodes: &[Node], ids: &[PeerId]) -> anyhow::Result<String> {
     Ok(format!(
         "{}/{total} echoed, round trip p50 {:.2} ms, p99 {:.2} ms",
         rtts.len(),
-        ms(percentile(&rtts, 0.50)),
-        ms(percentile(&rtts, 0.99)),
+        ms(percentile(&rtts, 0.50).unwrap_or_default()),
+        ms(percentile(&rtts, 0.99).unwrap_or_default()),
     ))
 }
 
@@ -310,14 +311,6 @@ async fn bulk(from: &Node, to: &Node) -> anyhow::Result<String> {
         ms(elapsed),
         bytes as f64 * 8.0 / elapsed.as_secs_f64() / 1e6
     ))
-}
-
-fn percentile(sorted: &[Duration], quantile: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let index = ((sorted.len() - 1) as f64 * quantile).round() as usize;
-    sorted[index]
 }
 
 fn ms(duration: Duration) -> f64 {

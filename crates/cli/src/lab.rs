@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use meshwire_lab::{run_scenario, Mode, ScenarioFile};
+use meshwire_lab::{experiments, run_scenario, Mode, ScenarioFile, EXPERIMENTS};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum LabCommand {
@@ -32,7 +32,7 @@ pub enum LabCommand {
         #[arg(long, default_value = "docs/RESULTS.md")]
         out: PathBuf,
     },
-    /// List the scenarios in a directory, one line each.
+    /// List the scenarios in a directory, one line each, then the experiment kinds they can use.
     List {
         /// Where the scenario files are.
         #[arg(long, default_value = "scenarios")]
@@ -87,7 +87,7 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
                     path.display(),
                     report.to_table()
                 ));
-                if scenario.kind == "calibration" {
+                if experiments::find(&scenario.kind).is_some_and(|experiment| experiment.realtime) {
                     eprintln!("running {} on real sockets", path.display());
                     let real = run_scenario(&scenario, scenario.seed, Mode::Realtime, |_, _| {})
                         .with_context(|| format!("real-time run of {} failed", path.display()))?;
@@ -116,6 +116,18 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
                     scenario.kind,
                     scenario.description
                 );
+            }
+            println!("\nkinds (policies), then their workloads:");
+            for experiment in EXPERIMENTS {
+                println!(
+                    "{:<14} {} ({})",
+                    experiment.kind,
+                    experiment.description,
+                    experiment.policies.join(", ")
+                );
+                for workload in experiment.workloads {
+                    println!("  {:<14} {}", workload.name, workload.description);
+                }
             }
             Ok(())
         }

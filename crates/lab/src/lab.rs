@@ -25,9 +25,30 @@ pub const LAB_MTU: u16 = 1472;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LabError {
-    /// A host's software returned an error or panicked.
+    /// turmoil stopped the run because a host's software returned an error or panicked. turmoil
+    /// hands over an untyped, non-`Send` `Box<dyn Error>`, so its message is what is kept.
     #[error("simulation failed: {0}")]
     Simulation(String),
+    /// A real-time client's software returned an error (host software errors are untyped
+    /// `Box<dyn Error>`s, so the message is kept).
+    #[error("host {host} failed: {reason}")]
+    HostFailed {
+        /// The host.
+        host: String,
+        /// What its software returned.
+        reason: String,
+    },
+    /// A real-time client's task panicked or was cancelled.
+    #[error("host {host} did not finish")]
+    HostAborted {
+        /// The host.
+        host: String,
+        /// What tokio said.
+        source: tokio::task::JoinError,
+    },
+    /// The real-time runtime could not be built.
+    #[error("cannot start the real-time runtime")]
+    Runtime(#[source] std::io::Error),
     /// A name that is not a host of this lab.
     #[error("unknown host {0:?}")]
     UnknownHost(String),
@@ -449,7 +470,7 @@ impl Lab {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|error| LabError::Simulation(error.to_string()))?;
+            .map_err(LabError::Runtime)?;
         let local = tokio::task::LocalSet::new();
         let result = local.block_on(&runtime, async {
             let start = tokio::time::Instant::now();
@@ -481,10 +502,13 @@ impl Lab {
                         match handle.await {
                             Ok(Ok(())) => {}
                             Ok(Err(error)) => {
-                                return Err(LabError::Simulation(format!("{name}: {error}")))
+                                return Err(LabError::HostFailed {
+                                    host: name,
+                                    reason: error.to_string(),
+                                })
                             }
-                            Err(error) => {
-                                return Err(LabError::Simulation(format!("{name}: {error}")))
+                            Err(source) => {
+                                return Err(LabError::HostAborted { host: name, source })
                             }
                         }
                     } else {

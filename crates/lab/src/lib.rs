@@ -3,27 +3,25 @@
 //! The lab puts unmodified [`meshwire::Node`]s on turmoil hosts. Each node's QUIC endpoint runs on
 //! a [`socket::LabSocket`], which adds what turmoil lacks — per-link serialization at a rate, bounded
 //! drop-tail queues, i.i.d. loss, jitter, ECN — while turmoil provides latency, partitions and
-//! crashes. The same socket runs over real UDP in real time for cross-checks. Scenario files
-//! (`scenarios/*.toml`, format in `docs/scenarios.md`) describe experiments; [`run_scenario`] runs
-//! one and returns its [`Report`].
+//! crashes. The same socket runs over real UDP in real time for cross-checks.
+//!
+//! The harness is [`lab`] (hosts, faults, the run loop), [`link`] and [`socket`] (the emulated
+//! network), [`scenario`] (scenario files and reports) and [`stats`] (percentiles, rounding). Every
+//! experiment is one module under [`experiments`], registered in [`EXPERIMENTS`] under the
+//! scenario `kind` that selects it, with its policies, workloads and typed parameters. Scenario
+//! files (`scenarios/*.toml`, format in `docs/scenarios.md`) are checked against that table when
+//! loaded; [`run_scenario`] runs one and returns its [`Report`].
 
-pub mod calibration;
-pub mod fanout;
-pub mod gossip;
-#[cfg(feature = "baselines")]
-pub mod grpc_team;
+pub mod experiments;
 pub mod lab;
 pub mod link;
-pub mod multipath;
-pub mod scale;
 pub mod scenario;
-pub mod session;
 pub mod socket;
-pub mod xx_team;
-pub mod zold;
+pub mod stats;
 
 use std::time::Duration;
 
+pub use experiments::{Experiment, Trial, EXPERIMENTS};
 pub use lab::{HostContext, Lab, LabError, LabEvent};
 pub use link::{LinkSpec, Rate};
 pub use scenario::{CaseResult, Report, ScenarioError, ScenarioFile};
@@ -47,43 +45,33 @@ pub fn run_scenario(
     mode: Mode,
     mut progress: impl FnMut(&str, Duration),
 ) -> Result<Report, ScenarioError> {
+    let experiment = experiments::find(&scenario.kind).ok_or_else(|| ScenarioError::Invalid {
+        path: scenario.name.clone(),
+        reason: format!(
+            "unknown kind {:?}; the kinds are {}",
+            scenario.kind,
+            experiments::kinds().join(", ")
+        ),
+    })?;
+    if mode == Mode::Realtime && !experiment.realtime {
+        return Err(ScenarioError::Invalid {
+            path: scenario.name.clone(),
+            reason: format!("kind {} runs in virtual time only", experiment.kind),
+        });
+    }
     let mut report = Report::new(scenario, seed);
     for case in &scenario.cases {
         for policy in &scenario.policies {
             let label = format!("{} / {}", case.name, policy);
             let mut tick = |elapsed: Duration| progress(&label, elapsed);
-            let metrics = match (scenario.kind.as_str(), policy.as_str()) {
-                ("calibration", "meshwire") => calibration::run_case(case, seed, mode, &mut tick)?,
-                ("fanout", policy) if mode == Mode::Virtual => {
-                    fanout::run_case(case, seed, policy, &mut tick)?
-                }
-                ("gossip", policy) if mode == Mode::Virtual => {
-                    gossip::run_case(case, seed, policy, &mut tick)?
-                }
-                ("xx-team", policy) if mode == Mode::Virtual => {
-                    xx_team::run_case(case, seed, policy, &mut tick)?
-                }
-                ("multipath", policy) if mode == Mode::Virtual => {
-                    multipath::run_case(case, seed, policy, &mut tick)?
-                }
-                ("session", policy) if mode == Mode::Virtual => {
-                    session::run_case(case, seed, policy)?
-                }
-                ("scale", "meshwire") if mode == Mode::Virtual => {
-                    scale::run_case(case, seed, &mut tick)?
-                }
-                ("zold-fetch", policy) if mode == Mode::Virtual => {
-                    zold::run_case(case, seed, policy, &mut tick)?
-                }
-                (kind, policy) => {
-                    return Err(ScenarioError::Invalid {
-                        path: scenario.name.clone(),
-                        reason: format!(
-                            "no runner for kind {kind:?} with policy {policy:?} in {mode:?} mode"
-                        ),
-                    })
-                }
+            let trial = Trial {
+                scenario: &scenario.name,
+                case,
+                seed,
+                policy,
+                mode,
             };
+            let metrics = (experiment.run)(&trial, &mut tick)?;
             report.results.push(CaseResult {
                 case: case.name.clone(),
                 policy: policy.clone(),

@@ -3,9 +3,9 @@
 //! # Design
 //!
 //! A datagram offered to a link waits behind the datagrams already queued, is serialized at the
-//! link's rate (bytes/s, or packets/s as NKN's emulator counts, `seeds/001`), and only then starts
-//! its propagation delay. The queue holds at most `queue_bytes`; a datagram that does not fit is
-//! dropped (drop-tail), as a router would. Loss is i.i.d. per datagram from the scenario's seeded
+//! link's rate (bytes/s, or packets/s as NKN's emulator counts, `docs/lessons.md`), and only then
+//! starts its propagation delay. The queue holds at most `queue_bytes`; a datagram that does not
+//! fit is dropped (drop-tail), as a router would. Loss is i.i.d. per datagram from the scenario's seeded
 //! RNG. Nothing here reads a clock: `admit` takes the arrival time.
 
 use std::collections::VecDeque;

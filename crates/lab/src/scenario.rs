@@ -6,8 +6,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::experiments;
 use crate::link::{LinkSpec, Rate};
 
 /// Why a scenario could not be loaded or run.
@@ -22,6 +24,26 @@ pub enum ScenarioError {
         /// What the OS said.
         source: std::io::Error,
     },
+    /// The file is not valid TOML or does not have a scenario's fields.
+    #[error("scenario {path} is invalid: {}", error.to_string().trim_end())]
+    Syntax {
+        /// The file.
+        path: String,
+        /// What the TOML reader said (in the message, so it is not also a separate cause).
+        error: Box<toml::de::Error>,
+    },
+    /// A case's `params` do not fit its experiment's parameters (a misspelt or unknown key, a
+    /// wrong type).
+    #[error("scenario {path}, case {case}: params: {}", error.to_string().trim_end())]
+    Params {
+        /// The file.
+        path: String,
+        /// The case.
+        case: String,
+        /// What the TOML reader said, naming the key and the valid ones (in the message, so
+        /// it is not also a separate cause).
+        error: Box<toml::de::Error>,
+    },
     /// The file is not a valid scenario.
     #[error("scenario {path} is invalid: {reason}")]
     Invalid {
@@ -29,6 +51,14 @@ pub enum ScenarioError {
         path: String,
         /// What is wrong.
         reason: String,
+    },
+    /// A case's lab could not be built or run.
+    #[error("case {case}: the lab failed")]
+    Lab {
+        /// The case.
+        case: String,
+        /// What the lab said.
+        source: crate::lab::LabError,
     },
     /// The scenario ran but an experiment failed.
     #[error("case {case}: {reason}")]
@@ -41,6 +71,14 @@ pub enum ScenarioError {
 }
 
 impl ScenarioError {
+    /// A failure of `case`'s lab.
+    pub fn lab(case: &CaseFile, source: crate::lab::LabError) -> Self {
+        Self::Lab {
+            case: case.name.clone(),
+            source,
+        }
+    }
+
     /// A failure of `case`'s experiment.
     pub fn failed(case: &CaseFile, reason: impl Into<String>) -> Self {
         Self::Failed {
@@ -58,7 +96,7 @@ pub fn run_case_to_end(
 ) -> Result<(), ScenarioError> {
     let finished = lab
         .run(case.duration(), progress)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     if !finished {
         return Err(ScenarioError::failed(
             case,
@@ -144,16 +182,15 @@ pub struct CaseFile {
 }
 
 impl CaseFile {
-    /// An integer parameter, or `default`.
-    pub fn param_u64(&self, key: &str, default: u64) -> Result<u64, ScenarioError> {
-        match self.params.get(key) {
-            None => Ok(default),
-            Some(toml::Value::Integer(value)) if *value >= 0 => Ok(*value as u64),
-            Some(other) => Err(ScenarioError::Failed {
-                case: self.name.clone(),
-                reason: format!("parameter {key} must be a non-negative integer, got {other}"),
-            }),
-        }
+    /// The case's `params` as the experiment's typed parameters: absent keys take their
+    /// defaults, unknown keys and wrong types are errors naming the key and the valid ones.
+    pub fn params<T: DeserializeOwned>(&self) -> Result<T, toml::de::Error> {
+        let table: toml::Table = self
+            .params
+            .iter()
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+        toml::Value::Table(table).try_into()
     }
 
     /// The virtual time limit.
@@ -201,17 +238,55 @@ impl ScenarioFile {
             path: origin.to_string(),
             reason,
         };
-        let scenario: Self = toml::from_str(text).map_err(|error| invalid(error.to_string()))?;
+        let scenario: Self = toml::from_str(text).map_err(|error| ScenarioError::Syntax {
+            path: origin.to_string(),
+            error: Box::new(error),
+        })?;
         if scenario.cases.is_empty() {
             return Err(invalid("a scenario needs at least one [[case]]".into()));
         }
         if scenario.policies.is_empty() {
             return Err(invalid("a scenario needs at least one policy".into()));
         }
+        let experiment = experiments::find(&scenario.kind).ok_or_else(|| {
+            invalid(format!(
+                "unknown kind {:?}; the kinds are {}",
+                scenario.kind,
+                experiments::kinds().join(", ")
+            ))
+        })?;
+        for policy in &scenario.policies {
+            if !experiment.policies.contains(&policy.as_str()) {
+                return Err(invalid(format!(
+                    "kind {} has no policy {policy:?}; its policies are {}",
+                    experiment.kind,
+                    experiment.policies.join(", ")
+                )));
+            }
+        }
         for case in &scenario.cases {
             case.link
                 .spec()
                 .map_err(|reason| invalid(format!("case {}: {reason}", case.name)))?;
+            let workload = experiment.workload(&case.workload).ok_or_else(|| {
+                invalid(format!(
+                    "case {}: kind {} has no workload {:?}; its workloads are {}",
+                    case.name,
+                    experiment.kind,
+                    case.workload,
+                    experiment
+                        .workloads
+                        .iter()
+                        .map(|workload| workload.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })?;
+            (workload.check)(case).map_err(|error| ScenarioError::Params {
+                path: origin.to_string(),
+                case: case.name.clone(),
+                error: Box::new(error),
+            })?;
         }
         Ok(scenario)
     }
@@ -306,16 +381,6 @@ pub fn format_number(value: f64) -> String {
     }
 }
 
-/// Rounds a metric to 6 significant digits so reports are stable and readable.
-pub fn round_metric(value: f64) -> f64 {
-    if value == 0.0 || !value.is_finite() {
-        return value;
-    }
-    let digits = 6 - value.abs().log10().ceil() as i32;
-    let scale = 10f64.powi(digits);
-    (value * scale).round() / scale
-}
-
 fn toml_to_json(value: &toml::Value) -> serde_json::Value {
     match value {
         toml::Value::String(text) => serde_json::Value::String(text.clone()),
@@ -396,8 +461,6 @@ rtt_ms = 90
 
     #[test]
     fn rounding_is_stable() {
-        assert_eq!(round_metric(90.000_000_1), 90.0);
-        assert_eq!(round_metric(0.123_456_789), 0.123_457);
         assert_eq!(format_number(90.0), "90");
         assert_eq!(format_number(0.1), "0.100");
     }

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use meshwire::pipeline::{BatchResult, PipelineError};
 use meshwire::{Backoff, NodeConfig};
+use meshwire_lab::experiments::ring_batches::{team_batch, Team};
 use meshwire_lab::lab::{clock, wan_link};
-use meshwire_lab::xx_team::{team_batch, Team};
 use meshwire_lab::{Lab, LabEvent};
 
 const NODES: usize = 5;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use meshwire_lab::session::{run_transfer, TransferPlan, DIRECT, RELAYED};
+use meshwire_lab::experiments::multipath_quic::{run_transfer, TransferPlan, DIRECT, RELAYED};
 use meshwire_lab::{LinkSpec, Rate};
 use meshwire_session::proto::Policy;
 

@@ -8,7 +8,7 @@
 //! scenarios), and `r<i> -> a` has the path's
 //! latency without rate limit or loss, so ACKs come back over the same path's latency. As in
 //! NKN's emulator, the sender's writer blocks on a path for 1/rate after each datagram
-//! (`Sender::block_path_until`), unless the case sets `writer_blocks = 0`.
+//! (`Sender::block_path_until`), unless the case sets `writer_blocks = false`.
 //!
 //! The sans-IO session (`meshwire_session::proto`) is driven directly over raw lab UDP sockets,
 //! one datagram per packet, so the windows under test govern alone (no QUIC congestion control
@@ -23,9 +23,13 @@ use std::time::Duration;
 
 use meshwire_session::proto::{Packet, PathId, Policy, Receiver, Sender, SessionConfig};
 
+use serde::Deserialize;
+
+use super::Trial;
 use crate::lab::{clock, Lab, LabEvent};
 use crate::link::{LinkSpec, Rate};
-use crate::scenario::{round_metric, CaseFile, LinkFile, ScenarioError};
+use crate::scenario::{CaseFile, LinkFile, ScenarioError};
+use crate::stats::{round_metric, Metrics};
 
 const PORT: u16 = 7100;
 /// NCP's packets carry 1024 bytes; "MB" in their table is 2^20 bytes.
@@ -52,24 +56,74 @@ fn now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
 }
 
-/// Runs one case under `policy`.
-pub fn run_case(
-    case: &CaseFile,
-    seed: u64,
-    policy: &str,
+/// `transfer` and `converge` parameters.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// The paths, NKN-style links (`rate_packets_per_s` required).
+    pub paths: Vec<LinkFile>,
+    /// `transfer` only: MiB to send (default 8).
+    pub mib: Option<u64>,
+    /// Whether the sender's writer blocks on a path for 1/rate after each datagram (NKN's
+    /// emulator); `false` lets packets wait in the lab link's queue instead.
+    #[serde(default = "writer_blocks_default")]
+    pub writer_blocks: bool,
+    /// Initial window per path, in packets; absent: the policy's own.
+    pub initial_windows: Option<Vec<f64>>,
+    /// The path cut (both ways) for `outage_ms` from `outage_at_ms`; absent: no outage.
+    pub outage_path: Option<u64>,
+    /// When the outage starts.
+    #[serde(default)]
+    pub outage_at_ms: u64,
+    /// How long it lasts.
+    #[serde(default)]
+    pub outage_ms: u64,
+}
+
+fn writer_blocks_default() -> bool {
+    true
+}
+
+/// MiB a `transfer` sends unless `mib` says otherwise.
+const DEFAULT_MIB: u64 = 8;
+
+impl Params {
+    /// Bytes the workload sends: `mib` for `transfer`, without end for `converge`.
+    fn total_bytes(&self, workload: &str) -> Result<usize, String> {
+        match (workload, self.mib) {
+            ("transfer", mib) => Ok((mib.unwrap_or(DEFAULT_MIB) as usize) << 20),
+            ("converge", None) => Ok(usize::MAX),
+            ("converge", Some(_)) => Err("mib applies to workload transfer only".into()),
+            (other, _) => Err(format!("unknown workload {other:?}")),
+        }
+    }
+}
+
+/// Checks a case's params for its workload (`mib` only where it is used).
+pub fn check(case: &CaseFile) -> Result<(), toml::de::Error> {
+    let params: Params = case.params()?;
+    params
+        .total_bytes(&case.workload)
+        .map(drop)
+        .map_err(serde::de::Error::custom)
+}
+
+/// Runs one case under the trial's policy.
+pub fn run(
+    trial: &Trial<'_>,
     progress: &mut dyn FnMut(Duration),
-) -> Result<BTreeMap<String, f64>, ScenarioError> {
+) -> Result<Metrics, ScenarioError> {
+    let (case, seed) = (trial.case, trial.seed);
     let fail = |reason: String| ScenarioError::failed(case, reason);
-    let policy: Policy = policy
+    let policy: Policy = trial
+        .policy
         .parse()
         .map_err(|e: meshwire_session::proto::SessionError| fail(e.to_string()))?;
-    let paths: Vec<LinkFile> = case
-        .params
-        .get("paths")
-        .cloned()
-        .ok_or_else(|| fail("params.paths lists the paths".into()))?
-        .try_into()
-        .map_err(|e: toml::de::Error| fail(format!("params.paths: {e}")))?;
+    let params: Params = trial.params()?;
+    let paths = &params.paths;
+    if paths.is_empty() {
+        return Err(fail("params.paths lists the paths".into()));
+    }
     let specs: Vec<LinkSpec> = paths
         .iter()
         .map(LinkFile::spec)
@@ -89,27 +143,15 @@ pub fn run_case(
         .collect();
     // NKN's emulator hands a packet to its rate limiter through an unbuffered channel: the
     // writer blocks until the path takes the packet (one per 1/rate), so nothing queues in front
-    // of the bottleneck and a packet's send time excludes the wait. `writer_blocks = 0` keeps the
-    // lab link's own queue instead (a packet is stamped, then waits).
-    let writer_blocks = case.param_u64("writer_blocks", 1)? != 0;
-    let initial_windows: Option<Vec<f64>> = match case.params.get("initial_windows") {
-        Some(value) => Some(
-            value
-                .clone()
-                .try_into()
-                .map_err(|e: toml::de::Error| fail(format!("params.initial_windows: {e}")))?,
-        ),
-        None => None,
-    };
+    // of the bottleneck and a packet's send time excludes the wait. `writer_blocks = false` keeps
+    // the lab link's own queue instead (a packet is stamped, then waits).
+    let writer_blocks = params.writer_blocks;
+    let initial_windows = params.initial_windows.clone();
     let workload = case.workload.as_str();
-    let total_bytes = match workload {
-        "transfer" => (case.param_u64("mib", 8)? as usize) << 20,
-        "converge" => usize::MAX,
-        other => return Err(fail(format!("unknown workload {other:?}"))),
-    };
-    let outage_path = case.param_u64("outage_path", u64::MAX)?;
-    let outage_at = Duration::from_millis(case.param_u64("outage_at_ms", 0)?);
-    let outage_length = Duration::from_millis(case.param_u64("outage_ms", 0)?);
+    let total_bytes = params.total_bytes(workload).map_err(fail)?;
+    let outage_path = params.outage_path;
+    let outage_at = Duration::from_millis(params.outage_at_ms);
+    let outage_length = Duration::from_millis(params.outage_ms);
 
     // The case's own link is every other hop: relay to receiver, and the default.
     let instant = case.link.spec().map_err(fail)?;
@@ -274,7 +316,9 @@ pub fn run_case(
     {
         let mut directory = directory.borrow_mut();
         for name in relays.iter().map(String::as_str).chain(["a", "b"]) {
-            let ip = lab.ip(name).map_err(|e| fail(e.to_string()))?;
+            let ip = lab
+                .ip(name)
+                .map_err(|error| ScenarioError::lab(case, error))?;
             directory.insert(name.to_string(), SocketAddr::new(ip, PORT));
         }
     }
@@ -284,11 +328,11 @@ pub fn run_case(
             ..instant
         };
         lab.link("a", relay, *spec)
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|error| ScenarioError::lab(case, error))?;
         lab.link(relay, "a", back)
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|error| ScenarioError::lab(case, error))?;
     }
-    if let Some(relay) = relays.get(outage_path as usize) {
+    if let Some(relay) = outage_path.and_then(|path| relays.get(usize::try_from(path).ok()?)) {
         lab.at(outage_at, LabEvent::Partition("a".into(), relay.clone()));
         lab.at(
             outage_at + outage_length,
@@ -296,7 +340,7 @@ pub fn run_case(
         );
     }
     lab.run(case.duration() + Duration::from_secs(1), progress)
-        .map_err(|e| fail(e.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
 
     let outcome = outcome.borrow();
     let mut metrics = BTreeMap::new();

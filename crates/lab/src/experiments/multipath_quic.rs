@@ -18,9 +18,13 @@ use meshwire_session::net::{SessionHost, SessionHostError, SessionSettings, Sess
 use meshwire_session::proto::{PathId, Policy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use serde::Deserialize;
+
+use super::{CongestionParam, Trial};
 use crate::lab::{clock, Lab};
 use crate::link::{LinkSpec, Rate};
-use crate::scenario::{round_metric, CaseFile, LinkFile, ScenarioError};
+use crate::scenario::{CaseFile, LinkFile, ScenarioError};
+use crate::stats::{round_metric, Metrics};
 use crate::LabError;
 
 /// The direct path's id.
@@ -300,17 +304,45 @@ fn inject_malformed(
     Ok(())
 }
 
-fn link(case: &CaseFile, key: &str) -> Result<Option<LinkSpec>, ScenarioError> {
-    let Some(value) = case.params.get(key) else {
-        return Ok(None);
-    };
-    let file: LinkFile = value
-        .clone()
-        .try_into()
-        .map_err(|error| ScenarioError::failed(case, format!("{key}: {error}")))?;
+fn link(case: &CaseFile, file: &LinkFile) -> Result<LinkSpec, ScenarioError> {
     file.spec()
-        .map(Some)
         .map_err(|reason| ScenarioError::failed(case, reason))
+}
+
+/// `transfer` parameters.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// MiB to send.
+    #[serde(default = "mib_default")]
+    pub mib: u64,
+    /// The direct path's link, on `a -> b`.
+    pub direct: LinkFile,
+    /// The relay path's link, on `a -> r`; absent: no relay path.
+    pub relay: Option<LinkFile>,
+    /// QUIC congestion controller of every node.
+    #[serde(default)]
+    pub congestion: CongestionParam,
+    /// The path removed mid-transfer (0 direct, 1 relayed); absent: none.
+    pub outage_path: Option<u32>,
+    /// When the path is removed, after the first byte is written.
+    #[serde(default = "outage_start_default")]
+    pub outage_start_ms: u64,
+    /// When it is added back, after the first byte is written.
+    #[serde(default = "outage_end_default")]
+    pub outage_end_ms: u64,
+}
+
+fn mib_default() -> u64 {
+    8
+}
+
+fn outage_start_default() -> u64 {
+    1000
+}
+
+fn outage_end_default() -> u64 {
+    2000
 }
 
 fn ideal_bytes_per_sec(spec: &LinkSpec, datagram_payload: f64) -> f64 {
@@ -323,45 +355,35 @@ fn ideal_bytes_per_sec(spec: &LinkSpec, datagram_payload: f64) -> f64 {
 }
 
 /// Runs one case of a `session` scenario.
-pub fn run_case(
-    case: &CaseFile,
-    seed: u64,
-    policy: &str,
-) -> Result<BTreeMap<String, f64>, ScenarioError> {
+pub fn run(
+    trial: &Trial<'_>,
+    _progress: &mut dyn FnMut(Duration),
+) -> Result<Metrics, ScenarioError> {
+    let (case, seed) = (trial.case, trial.seed);
     let policy: Policy =
-        policy
+        trial
+            .policy
             .parse()
             .map_err(|error: meshwire_session::proto::SessionError| {
                 ScenarioError::failed(case, error.to_string())
             })?;
-    let direct = link(case, "direct")?
-        .ok_or_else(|| ScenarioError::failed(case, "params.direct (a link) is required"))?;
-    let relay = link(case, "relay")?;
-    let congestion = match case
-        .params
-        .get("congestion")
-        .and_then(|value| value.as_str())
-    {
-        None | Some("cubic") => meshwire::Congestion::Cubic,
-        Some("bbr") => meshwire::Congestion::Bbr,
-        Some("newreno") => meshwire::Congestion::NewReno,
-        Some(other) => {
-            return Err(ScenarioError::failed(
-                case,
-                format!("unknown congestion {other:?} (cubic, bbr or newreno)"),
-            ))
-        }
-    };
-    let outage = match case.param_u64("outage_path", u64::MAX)? {
-        u64::MAX => None,
-        path => Some((
-            PathId(path as u32),
-            Duration::from_millis(case.param_u64("outage_start_ms", 1000)?),
-            Duration::from_millis(case.param_u64("outage_end_ms", 2000)?),
-        )),
-    };
+    let params: Params = trial.params()?;
+    let direct = link(case, &params.direct)?;
+    let relay = params
+        .relay
+        .as_ref()
+        .map(|file| link(case, file))
+        .transpose()?;
+    let congestion = meshwire::Congestion::from(params.congestion);
+    let outage = params.outage_path.map(|path| {
+        (
+            PathId(path),
+            Duration::from_millis(params.outage_start_ms),
+            Duration::from_millis(params.outage_end_ms),
+        )
+    });
     let plan = TransferPlan {
-        bytes: case.param_u64("mib", 8)? as usize * (1 << 20),
+        bytes: params.mib as usize * (1 << 20),
         direct,
         relay,
         outage,
@@ -370,8 +392,7 @@ pub fn run_case(
         congestion,
         limit: case.duration(),
     };
-    let outcome = run_transfer(seed, &plan)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+    let outcome = run_transfer(seed, &plan).map_err(|error| ScenarioError::lab(case, error))?;
     // Session payload per datagram: the session MTU (every datagram but the last is full).
     let payload = settings(policy).session.mtu_bytes as f64;
     let ideal: f64 = [Some(direct), relay]

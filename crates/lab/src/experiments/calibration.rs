@@ -6,7 +6,6 @@
 //! through the emulated socket, so they measure the emulator alone.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
@@ -16,37 +15,141 @@ use meshwire::protocols::{DATA, ECHO};
 use meshwire::{Congestion, NodeConfig};
 use tokio::time::Instant;
 
+use serde::Deserialize;
+
+use super::{CongestionParam, Trial};
 use crate::lab::{clock, Lab, LabEvent};
-use crate::scenario::{round_metric, CaseFile, ScenarioError};
+use crate::scenario::{CaseFile, ScenarioError};
+use crate::stats::{round_metric, Metrics};
 use crate::Mode;
 
 const RAW_PORT: u16 = 9000;
 
-type Metrics = BTreeMap<String, f64>;
 type Shared<T> = Rc<RefCell<T>>;
 
+/// `rtt` parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RttParams {
+    /// Round trips measured (after three warm-up round trips).
+    pub requests: u64,
+}
+
+impl Default for RttParams {
+    fn default() -> Self {
+        Self { requests: 21 }
+    }
+}
+
+/// `bulk` parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BulkParams {
+    /// MiB measured.
+    pub mebibytes: u64,
+    /// MiB sent (and received) before the measurement starts.
+    pub warmup_mebibytes: u64,
+    /// A fixed stream window in bytes; 0: the node's bandwidth-delay windows.
+    pub stream_window_bytes: u64,
+    /// Initial congestion window in bytes; 0: the standard start.
+    pub initial_window_bytes: u64,
+    /// QUIC congestion controller of both nodes.
+    pub congestion: CongestionParam,
+}
+
+impl Default for BulkParams {
+    fn default() -> Self {
+        Self {
+            mebibytes: 200,
+            warmup_mebibytes: 0,
+            stream_window_bytes: 0,
+            initial_window_bytes: 0,
+            congestion: CongestionParam::Cubic,
+        }
+    }
+}
+
+/// `pps` parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PpsParams {
+    /// How long datagrams are offered, in seconds.
+    pub seconds: u64,
+    /// Offered rate.
+    pub offered_packets_per_s: u64,
+}
+
+impl Default for PpsParams {
+    fn default() -> Self {
+        Self {
+            seconds: 10,
+            offered_packets_per_s: 2048,
+        }
+    }
+}
+
+/// `loss` parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LossParams {
+    /// Datagrams sent.
+    pub datagrams: u64,
+    /// Datagrams sent per millisecond.
+    pub datagrams_per_ms: u64,
+}
+
+impl Default for LossParams {
+    fn default() -> Self {
+        Self {
+            datagrams: 100_000,
+            datagrams_per_ms: 100,
+        }
+    }
+}
+
+/// `partition` parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PartitionParams {
+    /// When the link is cut.
+    pub partition_at_ms: u64,
+    /// How long it stays cut.
+    pub partition_ms: u64,
+    /// How long messages are sent.
+    pub run_ms: u64,
+}
+
+impl Default for PartitionParams {
+    fn default() -> Self {
+        Self {
+            partition_at_ms: 2000,
+            partition_ms: 2000,
+            run_ms: 8000,
+        }
+    }
+}
+
 /// Runs one calibration case and returns its metrics.
-pub fn run_case(
-    case: &CaseFile,
-    seed: u64,
-    mode: Mode,
+pub fn run(
+    trial: &Trial<'_>,
     progress: &mut dyn FnMut(Duration),
 ) -> Result<Metrics, ScenarioError> {
+    let case = trial.case;
     let spec = case
         .link
         .spec()
         .map_err(|reason| ScenarioError::failed(case, reason))?;
-    let mut lab = match mode {
-        Mode::Virtual => Lab::new(seed, spec, case.duration() + Duration::from_secs(1)),
-        Mode::Realtime => Lab::realtime(seed, spec),
+    let mut lab = match trial.mode {
+        Mode::Virtual => Lab::new(trial.seed, spec, case.duration() + Duration::from_secs(1)),
+        Mode::Realtime => Lab::realtime(trial.seed, spec),
     };
     let metrics: Shared<Metrics> = Rc::default();
     match case.workload.as_str() {
-        "rtt" => rtt(&mut lab, case, metrics.clone())?,
-        "bulk" => bulk(&mut lab, case, metrics.clone())?,
-        "pps" => packet_rate(&mut lab, case, metrics.clone())?,
-        "loss" => loss(&mut lab, case, metrics.clone())?,
-        "partition" => partition(&mut lab, case, metrics.clone())?,
+        "rtt" => rtt(&mut lab, case, trial.params()?, metrics.clone())?,
+        "bulk" => bulk(&mut lab, case, trial.params()?, metrics.clone())?,
+        "pps" => packet_rate(&mut lab, case, trial.params()?, metrics.clone())?,
+        "loss" => loss(&mut lab, case, trial.params()?, metrics.clone())?,
+        "partition" => partition(&mut lab, case, trial.params()?, metrics.clone())?,
         other => {
             return Err(ScenarioError::failed(
                 case,
@@ -55,7 +158,7 @@ pub fn run_case(
         }
     }
     lab.link_both("a", "b", spec)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     crate::scenario::run_case_to_end(&mut lab, case, progress)?;
     let metrics = metrics
         .borrow()
@@ -84,13 +187,18 @@ fn serve_forever(lab: &mut Lab, configure: impl Fn(&mut NodeConfig) + 'static) {
 fn node_b(lab: &Lab, case: &CaseFile) -> Result<(SocketAddr, meshwire::PeerId), ScenarioError> {
     let address = lab
         .node_address("b")
-        .map_err(|e| ScenarioError::failed(case, e.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     Ok((address, lab.peer_id("b")))
 }
 
 /// Median round trip of echo requests on a warm connection.
-fn rtt(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), ScenarioError> {
-    let samples = case.param_u64("requests", 21)? as usize;
+fn rtt(
+    lab: &mut Lab,
+    case: &CaseFile,
+    params: RttParams,
+    metrics: Shared<Metrics>,
+) -> Result<(), ScenarioError> {
+    let samples = params.requests as usize;
     serve_forever(lab, |_| {});
     let (b, b_id) = node_b(lab, case)?;
     lab.client("a", move |context| async move {
@@ -116,27 +224,22 @@ fn rtt(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), S
 }
 
 /// Goodput of a bulk stream of 1 MiB messages from a to b, first byte sent to last byte received.
-fn bulk(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), ScenarioError> {
-    let total_mib = case.param_u64("mebibytes", 200)?;
-    let window_bytes = case.param_u64("stream_window_bytes", 0)?;
-    let warmup_mib = case.param_u64("warmup_mebibytes", 0)?;
-    let initial_window = match case.param_u64("initial_window_bytes", 0)? {
+fn bulk(
+    lab: &mut Lab,
+    case: &CaseFile,
+    params: BulkParams,
+    metrics: Shared<Metrics>,
+) -> Result<(), ScenarioError> {
+    let total_mib = params.mebibytes;
+    let window_bytes = params.stream_window_bytes;
+    let warmup_mib = params.warmup_mebibytes;
+    let initial_window = match params.initial_window_bytes {
         0 => None,
         bytes => Some(bytes),
     };
     // Windows: the node's bandwidth-delay setting, or a fixed stream window (quinn's default is
     // 1.25 MB).
-    let congestion = match case.params.get("congestion").and_then(|v| v.as_str()) {
-        None | Some("cubic") => Congestion::Cubic,
-        Some("bbr") => Congestion::Bbr,
-        Some("newreno") => Congestion::NewReno,
-        Some(other) => {
-            return Err(ScenarioError::failed(
-                case,
-                format!("unknown congestion controller {other:?}"),
-            ))
-        }
-    };
+    let congestion = Congestion::from(params.congestion);
     let configure = move |config: &mut NodeConfig| {
         config.transport.congestion = congestion;
         config.transport.initial_window_bytes = initial_window;
@@ -219,10 +322,13 @@ fn raw_receiver(lab: &mut Lab, on_datagram: impl Fn() + 'static) {
 fn packet_rate(
     lab: &mut Lab,
     case: &CaseFile,
+    params: PpsParams,
     metrics: Shared<Metrics>,
 ) -> Result<(), ScenarioError> {
-    let seconds = case.param_u64("seconds", 10)?;
-    let offered = case.param_u64("offered_packets_per_s", 2048)?;
+    let PpsParams {
+        seconds,
+        offered_packets_per_s: offered,
+    } = params;
     let arrivals: Shared<Vec<Duration>> = Rc::default();
     {
         let arrivals = arrivals.clone();
@@ -230,7 +336,7 @@ fn packet_rate(
     }
     let b = std::net::SocketAddr::new(
         lab.ip("b")
-            .map_err(|e| ScenarioError::failed(case, e.to_string()))?,
+            .map_err(|error| ScenarioError::lab(case, error))?,
         RAW_PORT,
     );
     lab.client("a", move |context| async move {
@@ -267,9 +373,16 @@ fn packet_rate(
 }
 
 /// Raw datagrams over a lossy link: the share that never arrived.
-fn loss(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), ScenarioError> {
-    let datagrams = case.param_u64("datagrams", 100_000)?;
-    let per_ms = case.param_u64("datagrams_per_ms", 100)?;
+fn loss(
+    lab: &mut Lab,
+    case: &CaseFile,
+    params: LossParams,
+    metrics: Shared<Metrics>,
+) -> Result<(), ScenarioError> {
+    let LossParams {
+        datagrams,
+        datagrams_per_ms: per_ms,
+    } = params;
     let received: Shared<u64> = Rc::default();
     {
         let received = received.clone();
@@ -277,7 +390,7 @@ fn loss(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), 
     }
     let b = std::net::SocketAddr::new(
         lab.ip("b")
-            .map_err(|e| ScenarioError::failed(case, e.to_string()))?,
+            .map_err(|error| ScenarioError::lab(case, error))?,
         RAW_PORT,
     );
     lab.client("a", move |context| async move {
@@ -309,11 +422,12 @@ fn loss(lab: &mut Lab, case: &CaseFile, metrics: Shared<Metrics>) -> Result<(), 
 fn partition(
     lab: &mut Lab,
     case: &CaseFile,
+    params: PartitionParams,
     metrics: Shared<Metrics>,
 ) -> Result<(), ScenarioError> {
-    let cut_at = Duration::from_millis(case.param_u64("partition_at_ms", 2000)?);
-    let cut_for = Duration::from_millis(case.param_u64("partition_ms", 2000)?);
-    let run_for = Duration::from_millis(case.param_u64("run_ms", 8000)?);
+    let cut_at = Duration::from_millis(params.partition_at_ms);
+    let cut_for = Duration::from_millis(params.partition_ms);
+    let run_for = Duration::from_millis(params.run_ms);
     let latency = Duration::from_millis(case.link.latency_ms);
     let arrivals: Shared<Vec<Duration>> = Rc::default();
     {

@@ -1,5 +1,5 @@
-//! Reproduce Zold's fetch (`seeds/002`): a client reads objects at quorum from nodes that each hold
-//! every object, while some nodes are slow and one is dead.
+//! Reproduce Zold's fetch (`docs/lessons.md`): a client reads objects at quorum from nodes that
+//! each hold every object, while some nodes are slow and one is dead.
 //!
 //! Every server host runs a node with an object service over an in-memory store holding all the
 //! objects (as every Zold node can serve any wallet). Each server sits at its own one-way latency
@@ -32,8 +32,12 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
+use serde::Deserialize;
+
+use super::Trial;
 use crate::lab::{clock, derive_seed, Lab};
-use crate::scenario::{round_metric, CaseFile, ScenarioError};
+use crate::scenario::ScenarioError;
+use crate::stats::{percentile_f64, round_metric, Metrics};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Health {
@@ -62,40 +66,89 @@ fn service_time(seed: u64, server: &str, key: &str, max_ms: u64) -> Duration {
     Duration::from_millis(draw % (max_ms + 1))
 }
 
-fn percentile(sorted: &[f64], quantile: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * quantile).round() as usize]
+/// `quorum-reads` parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Params {
+    /// Server hosts, each holding every object.
+    pub servers: u64,
+    /// Servers that answer after `slow_ms`.
+    pub slow: u64,
+    /// Servers that never start.
+    pub dead: u64,
+    /// A slow server's answer time.
+    pub slow_ms: u64,
+    /// Least one-way latency from the client to a server.
+    pub min_latency_ms: u64,
+    /// Greatest one-way latency from the client to a server.
+    pub max_latency_ms: u64,
+    /// Greatest service time of a healthy server.
+    pub service_ms_max: u64,
+    /// Reads, one object each (and objects held).
+    pub reads: u64,
+    /// Reads started per second.
+    pub reads_per_s: u64,
+    /// Replicas that must answer.
+    pub quorum: u64,
+    /// Size of one object.
+    pub object_bytes: u64,
+    /// A read's deadline.
+    pub deadline_ms: u64,
+    /// How long `sequential` waits for one server before asking the next.
+    pub attempt_timeout_ms: u64,
+    /// Time before the first read (connections come up).
+    pub warmup_ms: u64,
 }
 
-/// Runs one zold-fetch case under `policy_name`.
-pub fn run_case(
-    case: &CaseFile,
-    seed: u64,
-    policy_name: &str,
+impl Default for Params {
+    fn default() -> Self {
+        Self {
+            servers: 16,
+            slow: 4,
+            dead: 1,
+            slow_ms: 2000,
+            min_latency_ms: 20,
+            max_latency_ms: 80,
+            service_ms_max: 10,
+            reads: 1000,
+            reads_per_s: 50,
+            quorum: 3,
+            object_bytes: 4096,
+            deadline_ms: 10_000,
+            attempt_timeout_ms: 4_000,
+            warmup_ms: 2000,
+        }
+    }
+}
+
+/// Runs one zold-fetch case under the trial's policy.
+pub fn run(
+    trial: &Trial<'_>,
     progress: &mut dyn FnMut(Duration),
-) -> Result<BTreeMap<String, f64>, ScenarioError> {
+) -> Result<Metrics, ScenarioError> {
+    let (case, seed) = (trial.case, trial.seed);
     let policy: Policy =
-        policy_name
+        trial
+            .policy
             .parse()
             .map_err(|error: meshwire_objects::proto::quorum::QuorumError| {
                 ScenarioError::failed(case, error.to_string())
             })?;
-    let servers = case.param_u64("servers", 16)? as usize;
-    let slow = case.param_u64("slow", 4)? as usize;
-    let dead = case.param_u64("dead", 1)? as usize;
-    let slow_ms = case.param_u64("slow_ms", 2000)?;
-    let min_latency = case.param_u64("min_latency_ms", 20)?;
-    let max_latency = case.param_u64("max_latency_ms", 80)?;
-    let service_max = case.param_u64("service_ms_max", 10)?;
-    let reads = case.param_u64("reads", 1000)?;
-    let reads_per_s = case.param_u64("reads_per_s", 50)?;
-    let quorum = case.param_u64("quorum", 3)? as usize;
-    let object_bytes = case.param_u64("object_bytes", 4096)? as usize;
-    let deadline = Duration::from_millis(case.param_u64("deadline_ms", 10_000)?);
-    let attempt_timeout = Duration::from_millis(case.param_u64("attempt_timeout_ms", 4_000)?);
-    let warmup = Duration::from_millis(case.param_u64("warmup_ms", 2000)?);
+    let params: Params = trial.params()?;
+    let servers = params.servers as usize;
+    let slow = params.slow as usize;
+    let dead = params.dead as usize;
+    let slow_ms = params.slow_ms;
+    let min_latency = params.min_latency_ms;
+    let max_latency = params.max_latency_ms;
+    let service_max = params.service_ms_max;
+    let reads = params.reads;
+    let reads_per_s = params.reads_per_s;
+    let quorum = params.quorum as usize;
+    let object_bytes = params.object_bytes as usize;
+    let deadline = Duration::from_millis(params.deadline_ms);
+    let attempt_timeout = Duration::from_millis(params.attempt_timeout_ms);
+    let warmup = Duration::from_millis(params.warmup_ms);
     if slow + dead + quorum > servers || reads == 0 || reads_per_s == 0 || min_latency > max_latency
     {
         return Err(ScenarioError::failed(
@@ -192,7 +245,7 @@ pub fn run_case(
         .iter()
         .map(|name| lab.node_address(name))
         .collect::<Result<_, _>>()
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
 
     // Per read, the earliest it could finish: the quorum-th fastest healthy answer.
     let ideal_ms: Vec<f64> = (0..reads)
@@ -260,11 +313,11 @@ pub fn run_case(
         let mut link = spec;
         link.latency = Duration::from_millis(latency_ms[index]);
         lab.link_both("client", name, link)
-            .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+            .map_err(|error| ScenarioError::lab(case, error))?;
     }
     let finished = lab
         .run(run_for, progress)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     if !finished {
         return Err(ScenarioError::failed(
             case,
@@ -286,19 +339,19 @@ pub fn run_case(
     let mut metrics = BTreeMap::new();
     metrics.insert(
         "fetch_ms_p50".into(),
-        round_metric(percentile(&fetch, 0.50)),
+        round_metric(percentile_f64(&fetch, 0.50)),
     );
     metrics.insert(
         "fetch_ms_p99".into(),
-        round_metric(percentile(&fetch, 0.99)),
+        round_metric(percentile_f64(&fetch, 0.99)),
     );
     metrics.insert(
         "ideal_ms_p99".into(),
-        round_metric(percentile(&ideal, 0.99)),
+        round_metric(percentile_f64(&ideal, 0.99)),
     );
     metrics.insert(
         "p99_over_ideal".into(),
-        round_metric(percentile(&fetch, 0.99) / percentile(&ideal, 0.99)),
+        round_metric(percentile_f64(&fetch, 0.99) / percentile_f64(&ideal, 0.99)),
     );
     metrics.insert("floor_gap_ms_min".into(), round_metric(floor_gap_ms_min));
     metrics.insert(

@@ -2,7 +2,8 @@
 //!
 //! `nodes` hosts in a full mesh run [`meshwire_gossip::GossipService`] with one of three policies:
 //!
-//! * `flood`: every class relayed by every receiver, advertised only (the IC before, `seeds/003`);
+//! * `flood`: every class relayed by every receiver, advertised only (the IC before,
+//!   `docs/lessons.md`);
 //! * `ic-origin`: ingress advertised by its origin only, consensus artifacts relayed by all;
 //! * `meshwire`: as `ic-origin`, and artifacts of at most `push_whole_max_bytes` (ingress, shares)
 //!   are pushed whole instead of advertised.
@@ -32,8 +33,12 @@ use meshwire_gossip::{GossipService, GossipSettings};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use serde::Deserialize;
+
+use super::Trial;
 use crate::lab::{clock, derive_seed, Lab};
-use crate::scenario::{round_metric, CaseFile, ScenarioError};
+use crate::scenario::ScenarioError;
+use crate::stats::{percentile_f64, round_metric, Metrics};
 
 const INGRESS: ClassId = ClassId(1);
 const BLOCK: ClassId = ClassId(2);
@@ -142,27 +147,72 @@ fn block_ids(payload: &Bytes) -> impl Iterator<Item = ArtifactId> + '_ {
         })
 }
 
-/// Runs one gossip case under `policy`.
-pub fn run_case(
-    case: &CaseFile,
-    seed: u64,
-    policy: &str,
+/// `ic-subnet` parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Params {
+    /// Nodes in the full mesh.
+    pub nodes: u64,
+    /// Ingress messages per second, all nodes together.
+    pub ingress_per_s: u64,
+    /// Size of one ingress message.
+    pub ingress_bytes: u64,
+    /// Blocks per 1000 s (a round every `1000 / blocks_per_s_milli` s).
+    pub blocks_per_s_milli: u64,
+    /// Measured rounds.
+    pub rounds: u64,
+    /// Shares every node publishes per round.
+    pub shares_per_round: u64,
+    /// Size of one share.
+    pub share_bytes: u64,
+    /// Time before ingress starts (connections come up).
+    pub warmup_ms: u64,
+    /// Time after the last round before delivery is counted.
+    pub drain_ms: u64,
+    /// Gossip batch flush interval.
+    pub flush_ms: u64,
+    /// Largest artifact the `meshwire` policy pushes whole instead of advertising.
+    pub push_whole_max_bytes: u32,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Self {
+            nodes: 56,
+            ingress_per_s: 300,
+            ingress_bytes: 1024,
+            blocks_per_s_milli: 350,
+            rounds: 5,
+            shares_per_round: 3,
+            share_bytes: 256,
+            warmup_ms: 3000,
+            drain_ms: 2000,
+            flush_ms: 20,
+            push_whole_max_bytes: 1024,
+        }
+    }
+}
+
+/// Runs one gossip case under the trial's policy.
+pub fn run(
+    trial: &Trial<'_>,
     progress: &mut dyn FnMut(Duration),
-) -> Result<BTreeMap<String, f64>, ScenarioError> {
-    let blocks_per_s_milli = case.param_u64("blocks_per_s_milli", 350)?;
+) -> Result<Metrics, ScenarioError> {
+    let (case, seed, policy) = (trial.case, trial.seed, trial.policy);
+    let params: Params = trial.params()?;
     let workload = Workload {
-        nodes: case.param_u64("nodes", 56)? as usize,
-        ingress_per_s: case.param_u64("ingress_per_s", 300)?,
-        ingress_bytes: case.param_u64("ingress_bytes", 1024)? as usize,
-        round: Duration::from_secs_f64(1000.0 / blocks_per_s_milli.max(1) as f64),
-        rounds: case.param_u64("rounds", 5)?,
-        shares_per_round: case.param_u64("shares_per_round", 3)?,
-        share_bytes: case.param_u64("share_bytes", 256)? as usize,
-        warmup: Duration::from_millis(case.param_u64("warmup_ms", 3000)?),
-        drain: Duration::from_millis(case.param_u64("drain_ms", 2000)?),
+        nodes: params.nodes as usize,
+        ingress_per_s: params.ingress_per_s,
+        ingress_bytes: params.ingress_bytes as usize,
+        round: Duration::from_secs_f64(1000.0 / params.blocks_per_s_milli.max(1) as f64),
+        rounds: params.rounds,
+        shares_per_round: params.shares_per_round,
+        share_bytes: params.share_bytes as usize,
+        warmup: Duration::from_millis(params.warmup_ms),
+        drain: Duration::from_millis(params.drain_ms),
     };
-    let flush = Duration::from_millis(case.param_u64("flush_ms", 20)?);
-    let push_max = case.param_u64("push_whole_max_bytes", 1024)? as u32;
+    let flush = Duration::from_millis(params.flush_ms);
+    let push_max = params.push_whole_max_bytes;
     let config = gossip_config(policy, flush, push_max)
         .ok_or_else(|| ScenarioError::failed(case, format!("unknown policy {policy:?}")))?;
     if workload.nodes < 2 || workload.ingress_per_s == 0 || workload.rounds == 0 {
@@ -257,9 +307,9 @@ pub fn run_case(
         .iter()
         .map(|name| lab.node_address(name))
         .collect::<Result<_, _>>()
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     lab.run(end, progress)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     let tally = tally.borrow();
     Ok(metrics(&tally, &workload))
 }
@@ -358,14 +408,7 @@ async fn run_rounds(
         .insert(index, gossip.stats());
 }
 
-fn percentile(sorted: &[f64], quantile: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * quantile).round() as usize]
-}
-
-fn metrics(tally: &Tally, workload: &Workload) -> BTreeMap<String, f64> {
+fn metrics(tally: &Tally, workload: &Workload) -> Metrics {
     let window_s = (workload.window_end() - workload.window_start()).as_secs_f64();
     let mut adverts = 0u64;
     let mut bytes = 0u64;
@@ -397,11 +440,11 @@ fn metrics(tally: &Tally, workload: &Workload) -> BTreeMap<String, f64> {
     );
     metrics.insert(
         "ingress_latency_ms_p50".into(),
-        round_metric(percentile(&latencies, 0.5)),
+        round_metric(percentile_f64(&latencies, 0.5)),
     );
     metrics.insert(
         "ingress_latency_ms_p99".into(),
-        round_metric(percentile(&latencies, 0.99)),
+        round_metric(percentile_f64(&latencies, 0.99)),
     );
     metrics.insert(
         "achieved_rps".into(),

@@ -1,5 +1,5 @@
-//! The xx network's team (`seeds/000`): a ring of nodes passing 4 Mbit batches, each node
-//! computing on every batch, one batch at a time or pipelined.
+//! The ring on meshwire pipelines: the `meshwire` (one batch at a time) and
+//! `meshwire-pipelined` (K batches in flight) policies.
 //!
 //! Hosts `n0` (the first node, a client) to `n{N-1}` form a ring; every node configures its
 //! successor as a peer (so it redials with backoff after an outage) and runs a
@@ -8,17 +8,9 @@
 //!   `compute_ms` (a batch-wide step, as a mix is); other batches wait for the CPU;
 //! - content: every byte is incremented by one, so after the ring each byte is `+N` and tests can
 //!   check every node worked on every chunk.
-//!
-//! A case measures, per policy (`meshwire`: K = 1; `meshwire-pipelined`: K = `pipelined_k`):
-//! - `hop_transfer_ms_p50` / `_p99`: `n0` sends plain batches to `n1` over the warm connection
-//!   (one warm-up batch first); first byte sent (just before the stream opens) to last byte
-//!   received (the receiver has the end record), on the lab's shared clock;
-//! - `ring_ping_ms`: the latest ring ping on the idle ring, before the batches start;
-//! - `batches_per_s`: `batches` batches through the pipeline, from the first submission to the
-//!   last result; `batches_failed` counts failures (0 expected).
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -27,10 +19,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use meshwire::pipeline::{BatchInput, Pipeline, PipelineConfig, Transform};
 use meshwire::protocols::HOP;
-use meshwire::{BatchHeader, Chunk, Node, NodeConfig, PeerId};
+use meshwire::{BatchHeader, Chunk, Congestion, Node, NodeConfig, PeerId};
 
+use super::workload::{team_batch, team_metrics, Params, Workload};
+use crate::experiments::CongestionParam;
 use crate::lab::{clock, HostContext, Lab};
-use crate::scenario::{round_metric, CaseFile, ScenarioError};
+use crate::scenario::{CaseFile, ScenarioError};
+use crate::stats::Metrics;
 
 /// How a lab ring is built.
 #[derive(Debug, Clone)]
@@ -197,146 +192,14 @@ pub fn team_transform(compute_per_batch: Duration) -> Transform {
     })
 }
 
-/// A batch of `slots` payloads of `payload_bytes`, byte `i` of the batch being `(i * 7 + seed) % 251`.
-pub fn team_batch(round: u64, slots: u32, payload_bytes: usize) -> BatchInput {
-    let chunks = (0..slots)
-        .map(|slot| {
-            let start = slot as usize * payload_bytes;
-            Chunk {
-                slots: 1,
-                data: (start..start + payload_bytes)
-                    .map(|i| ((i * 7 + round as usize) % 251) as u8)
-                    .collect(),
-            }
-        })
-        .collect();
-    BatchInput {
-        round,
-        phase: 0,
-        metadata: Bytes::copy_from_slice(&round.to_le_bytes()),
-        chunks,
-    }
-}
-
-/// The workload of an xx-team case, shared by every policy.
-#[derive(Debug, Clone, Copy)]
-pub struct Workload {
-    /// Nodes in the ring, the first included.
-    pub nodes: usize,
-    /// Payloads per batch.
-    pub slots: u32,
-    /// Bytes per payload.
-    pub payload_bytes: usize,
-    /// Batches sent round the ring by the meshwire policies.
-    pub batches: u64,
-    /// Batches sent round the ring by the gRPC baselines. They send one batch at a time, so their
-    /// rate does not depend on the count, and fewer keep a run's wall time small.
-    pub baseline_batches: u64,
-    /// Hop-transfer samples after the warm-up batch.
-    pub hop_samples: usize,
-    /// Each node's compute per batch.
-    pub compute_per_batch: Duration,
-    /// How long a batch may take round the ring.
-    pub batch_deadline: Duration,
-}
-
-impl Workload {
-    /// The case's parameters (defaults: the xx network's team of five, 1000 x 500 B payloads).
-    pub fn from_case(case: &CaseFile) -> Result<Self, ScenarioError> {
-        let workload = Self {
-            nodes: case.param_u64("nodes", 5)? as usize,
-            slots: case.param_u64("slots", 1000)? as u32,
-            payload_bytes: case.param_u64("payload_bytes", 500)? as usize,
-            batches: case.param_u64("batches", 20)?,
-            baseline_batches: case.param_u64("baseline_batches", case.param_u64("batches", 20)?)?,
-            hop_samples: case.param_u64("hop_samples", 10)? as usize,
-            compute_per_batch: Duration::from_millis(case.param_u64("compute_ms", 0)?),
-            batch_deadline: Duration::from_secs(case.param_u64("batch_deadline_s", 30)?),
-        };
-        if workload.nodes < 2
-            || workload.slots == 0
-            || workload.batches == 0
-            || workload.baseline_batches == 0
-        {
-            return Err(ScenarioError::failed(
-                case,
-                "an xx-team ring needs at least 2 nodes, 1 slot and 1 batch",
-            ));
-        }
-        Ok(workload)
-    }
-}
-
-/// The metrics every xx-team policy reports: hop transfer percentiles over sorted `hop_ms`, the
-/// ring ping, and `batches` round the ring in `elapsed_s` with `failed` of them failed.
-pub(crate) fn team_metrics(
-    hop_ms: &[f64],
-    ring_ping: Duration,
-    batches: u64,
-    elapsed_s: f64,
-    failed: u64,
-) -> BTreeMap<String, f64> {
-    BTreeMap::from([
-        (
-            "hop_transfer_ms_p50".into(),
-            round_metric(percentile(hop_ms, 0.5)),
-        ),
-        (
-            "hop_transfer_ms_p99".into(),
-            round_metric(percentile(hop_ms, 0.99)),
-        ),
-        (
-            "ring_ping_ms".into(),
-            round_metric(ring_ping.as_secs_f64() * 1e3),
-        ),
-        (
-            "batches_per_s".into(),
-            round_metric(batches as f64 / elapsed_s),
-        ),
-        ("batches_failed".into(), failed as f64),
-    ])
-}
-
-pub(crate) fn percentile(sorted: &[f64], quantile: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((sorted.len() as f64 - 1.0) * quantile).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-fn unknown_policy(case: &CaseFile, policy: &str) -> ScenarioError {
-    let baselines = if cfg!(feature = "baselines") {
-        ", grpc-unary-64k, grpc-stream"
-    } else {
-        " (gRPC baselines need the `baselines` feature)"
-    };
-    ScenarioError::failed(
-        case,
-        format!("unknown policy {policy:?}; xx-team runs meshwire, meshwire-pipelined{baselines}"),
-    )
-}
-
-/// Runs one xx-team case under `policy`: `meshwire`, `meshwire-pipelined`, or (with the
-/// `baselines` feature) `grpc-unary-64k` or `grpc-stream`.
-pub fn run_case(
+/// Runs one case on meshwire pipelines with `in_flight` batches in flight.
+pub fn run(
     case: &CaseFile,
     seed: u64,
-    policy: &str,
+    params: &Params,
+    in_flight: usize,
     progress: &mut dyn FnMut(Duration),
-) -> Result<BTreeMap<String, f64>, ScenarioError> {
-    let pipelined_k = case.param_u64("pipelined_k", 5)? as usize;
-    let in_flight = match policy {
-        "meshwire" => 1,
-        "meshwire-pipelined" => pipelined_k,
-        #[cfg(feature = "baselines")]
-        other => match crate::grpc_team::Baseline::from_policy(other) {
-            Some(baseline) => return crate::grpc_team::run_case(case, seed, baseline, progress),
-            None => return Err(unknown_policy(case, other)),
-        },
-        #[cfg(not(feature = "baselines"))]
-        other => return Err(unknown_policy(case, other)),
-    };
+) -> Result<Metrics, ScenarioError> {
     let Workload {
         nodes,
         slots,
@@ -346,21 +209,21 @@ pub fn run_case(
         compute_per_batch,
         batch_deadline,
         ..
-    } = Workload::from_case(case)?;
+    } = Workload::new(case, params)?;
     let team = Team {
         nodes,
         in_flight,
         compute_per_batch,
         batch_deadline,
-        ping_interval: Duration::from_millis(case.param_u64("ping_interval_ms", 500)?),
-        initial_window_bytes: match case.param_u64("initial_window_bytes", 0)? {
+        ping_interval: Duration::from_millis(params.ping_interval_ms),
+        initial_window_bytes: match params.initial_window_bytes {
             0 => None,
             bytes => Some(bytes),
         },
-        tune: if case.param_u64("bbr", 0)? == 1 {
-            |config| config.transport.congestion = meshwire::Congestion::Bbr
-        } else {
-            |_| {}
+        tune: match params.congestion {
+            CongestionParam::Cubic => |_| {},
+            CongestionParam::Bbr => |config| config.transport.congestion = Congestion::Bbr,
+            CongestionParam::NewReno => |config| config.transport.congestion = Congestion::NewReno,
         },
     };
     let spec = case
@@ -370,7 +233,7 @@ pub fn run_case(
     let mut lab = Lab::new(seed, spec, case.duration() + Duration::from_secs(1));
     let hops: HopLog = Rc::default();
     let (ring, addresses) = team.add_relays(&mut lab, Some(hops.clone()));
-    let metrics: Rc<RefCell<BTreeMap<String, f64>>> = Rc::default();
+    let metrics: Rc<RefCell<Metrics>> = Rc::default();
     {
         let (team, metrics, hops, ring, addresses) = (
             team.clone(),

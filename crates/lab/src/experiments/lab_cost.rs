@@ -15,8 +15,12 @@ use meshwire::protocols::ECHO;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use serde::Deserialize;
+
+use super::Trial;
 use crate::lab::{clock, derive_seed, Lab};
-use crate::scenario::{round_metric, CaseFile, ScenarioError};
+use crate::scenario::ScenarioError;
+use crate::stats::{percentile_f64, round_metric, Metrics};
 
 #[derive(Debug, Default)]
 struct Tally {
@@ -26,15 +30,38 @@ struct Tally {
     latency_ms: Vec<f64>,
 }
 
+/// `mesh-requests` parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Params {
+    /// Nodes in the full mesh.
+    pub nodes: u64,
+    /// Requests per second, all nodes together.
+    pub requests_per_s: u64,
+    /// Time before requests start (connections come up).
+    pub warmup_ms: u64,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Self {
+            nodes: 56,
+            requests_per_s: 300,
+            warmup_ms: 2000,
+        }
+    }
+}
+
 /// Runs one scale case: `nodes` hosts, `requests_per_s` in total, for the case's duration.
-pub fn run_case(
-    case: &CaseFile,
-    seed: u64,
+pub fn run(
+    trial: &Trial<'_>,
     progress: &mut dyn FnMut(Duration),
-) -> Result<BTreeMap<String, f64>, ScenarioError> {
-    let nodes = case.param_u64("nodes", 56)? as usize;
-    let rate = case.param_u64("requests_per_s", 300)?;
-    let warmup = Duration::from_millis(case.param_u64("warmup_ms", 2000)?);
+) -> Result<Metrics, ScenarioError> {
+    let (case, seed) = (trial.case, trial.seed);
+    let params: Params = trial.params()?;
+    let nodes = params.nodes as usize;
+    let rate = params.requests_per_s;
+    let warmup = Duration::from_millis(params.warmup_ms);
     let duration = case.duration();
     if nodes < 2 || rate == 0 {
         return Err(ScenarioError::failed(
@@ -109,17 +136,14 @@ pub fn run_case(
         .iter()
         .map(|name| lab.node_address(name))
         .collect::<Result<_, _>>()
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     lab.run(warmup + duration + Duration::from_secs(3), progress)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     let wall_seconds = wall.elapsed().as_secs_f64();
     let tally = tally.borrow();
     let mut latencies = tally.latency_ms.clone();
     latencies.sort_by(f64::total_cmp);
-    let p99 = latencies
-        .get(((latencies.len() as f64 - 1.0) * 0.99).round().max(0.0) as usize)
-        .copied()
-        .unwrap_or(f64::NAN);
+    let p99 = percentile_f64(&latencies, 0.99);
     let mut metrics = BTreeMap::new();
     metrics.insert("nodes".into(), nodes as f64);
     metrics.insert("requests_ok".into(), tally.ok as f64);

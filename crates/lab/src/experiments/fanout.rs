@@ -1,5 +1,5 @@
 //! One message to many peers: meshwire's encode-once `send_many` against a sender that serialises
-//! the message again for every destination (the Safe Network's "before", `seeds/004`).
+//! the message again for every destination (the Safe Network's "before", `docs/lessons.md`).
 //!
 //! A `sender` host connects to `peers` receiver hosts, then sends one `payload_bytes` message to
 //! all of them. Receivers hash what they get (SHA-256) so delivery is checked byte for byte.
@@ -13,7 +13,6 @@
 //! per-destination copies are.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,8 +21,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use meshwire::protocols::FANOUT;
 
+use serde::Deserialize;
+
+use super::Trial;
 use crate::lab::{clock, Lab};
-use crate::scenario::{round_metric, CaseFile, ScenarioError};
+use crate::scenario::ScenarioError;
+use crate::stats::{round_metric, Metrics};
 
 static SENDER_RUNTIME: AtomicU64 = AtomicU64::new(0);
 
@@ -47,13 +50,31 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
     meshwire::proto::hash::sha256(&[bytes])
 }
 
-/// Runs one fan-out case under `policy` (`meshwire` or `naive`).
-pub fn run_case(
-    case: &CaseFile,
-    seed: u64,
-    policy: &str,
+/// `fanout` parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Params {
+    /// Receivers.
+    pub peers: u64,
+    /// Size of the one message.
+    pub payload_bytes: u64,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Self {
+            peers: 100,
+            payload_bytes: 1 << 20,
+        }
+    }
+}
+
+/// Runs one fan-out case under the trial's policy (`meshwire` or `naive`).
+pub fn run(
+    trial: &Trial<'_>,
     progress: &mut dyn FnMut(Duration),
-) -> Result<BTreeMap<String, f64>, ScenarioError> {
+) -> Result<Metrics, ScenarioError> {
+    let (case, seed, policy) = (trial.case, trial.seed, trial.policy);
     if !meshwire_alloc_count::is_installed() {
         return Err(ScenarioError::failed(
             case,
@@ -71,8 +92,9 @@ pub fn run_case(
             ))
         }
     };
-    let peers = case.param_u64("peers", 100)? as usize;
-    let payload_bytes = case.param_u64("payload_bytes", 1 << 20)? as usize;
+    let params: Params = trial.params()?;
+    let peers = params.peers as usize;
+    let payload_bytes = params.payload_bytes as usize;
     let spec = case
         .link
         .spec()
@@ -100,8 +122,8 @@ pub fn run_case(
         .iter()
         .map(|name| Ok((lab.node_address(name)?, lab.peer_id(name))))
         .collect::<Result<_, crate::LabError>>()
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
-    let metrics: Rc<RefCell<BTreeMap<String, f64>>> = Rc::default();
+        .map_err(|error| ScenarioError::lab(case, error))?;
+    let metrics: Rc<RefCell<Metrics>> = Rc::default();
     {
         let metrics = metrics.clone();
         let arrivals = arrivals.clone();
@@ -165,7 +187,7 @@ pub fn run_case(
     }
     let finished = lab
         .run(case.duration(), progress)
-        .map_err(|error| ScenarioError::failed(case, error.to_string()))?;
+        .map_err(|error| ScenarioError::lab(case, error))?;
     meshwire_alloc_count::clear_tracker();
     if !finished {
         return Err(ScenarioError::failed(

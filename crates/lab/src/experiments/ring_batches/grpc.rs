@@ -1,5 +1,5 @@
-//! The xx network's team on real gRPC: the baselines `grpc-unary-64k` and `grpc-stream` of the
-//! xx-team scenario (`seeds/000`).
+//! The ring on real gRPC: the baselines `grpc-unary-64k` and `grpc-stream` of the xx-team
+//! scenario (`docs/lessons.md`).
 //!
 //! Every host runs a tonic server over turmoil TCP and a tonic client to its successor in the
 //! ring. There is no code generation: [`BytesCodec`] passes message bytes through and
@@ -20,7 +20,6 @@
 //! (it delivers each write after the link latency): the baselines pay the HTTP/2 window round trips
 //! but neither serialization (4 ms per 4 Mbit at 1 Gbit/s) nor slow start, which flatters them.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -39,9 +38,10 @@ use tonic::transport::server::Connected;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::workload::{team_batch, team_metrics, Params, Workload};
 use crate::lab::{clock, Lab, TICK};
 use crate::scenario::{CaseFile, ScenarioError};
-use crate::xx_team::{team_batch, team_metrics, Workload};
+use crate::stats::Metrics;
 
 /// TCP port of every host's gRPC server.
 const GRPC_PORT: u16 = 50051;
@@ -457,13 +457,14 @@ async fn start_member(
 }
 
 /// Runs one xx-team case under a gRPC baseline; the metrics are those of the meshwire policies.
-pub fn run_case(
+pub fn run(
     case: &CaseFile,
     seed: u64,
+    params: &Params,
     baseline: Baseline,
     progress: &mut dyn FnMut(Duration),
-) -> Result<BTreeMap<String, f64>, ScenarioError> {
-    let workload = Workload::from_case(case)?;
+) -> Result<Metrics, ScenarioError> {
+    let workload = Workload::new(case, params)?;
     let mut spec = case
         .link
         .spec()
@@ -491,7 +492,7 @@ pub fn run_case(
             }
         });
     }
-    let metrics: Arc<Mutex<BTreeMap<String, f64>>> = Arc::default();
+    let metrics: Arc<Mutex<Metrics>> = Arc::default();
     {
         let (addresses, hops, metrics) = (addresses.clone(), hops.clone(), metrics.clone());
         lab.client(&names[0], move |_context| async move {
@@ -542,7 +543,7 @@ async fn first_node(
     arrived: &mut mpsc::UnboundedReceiver<Arrival>,
     workload: &Workload,
     hops: &Mutex<Vec<Duration>>,
-) -> Result<BTreeMap<String, f64>, Box<dyn std::error::Error>> {
+) -> Result<Metrics, Box<dyn std::error::Error>> {
     // Every link is up once a ring ping comes back; relays' servers may still be starting, so
     // ping until one does.
     let mut sequence = 0;

@@ -1,0 +1,467 @@
+//! Every experiment the lab runs, registered in one table under the scenario `kind` that selects it.
+//!
+//! A scenario file names a kind; [`EXPERIMENTS`] maps the kind to its runner, its policies, its
+//! workloads and each workload's typed parameters. The scenario loader checks a file against the
+//! table (kind, policies, workloads, params), [`crate::run_scenario`] runs cases through it, and
+//! `meshwire lab list` prints it.
+
+pub mod calibration;
+pub mod fanout;
+pub mod gossip;
+pub mod lab_cost;
+pub mod multipath_quic;
+pub mod multipath_raw;
+pub mod quorum_reads;
+pub mod ring_batches;
+
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::scenario::{CaseFile, ScenarioError};
+use crate::stats::Metrics;
+use crate::Mode;
+
+/// One run of one case under one policy: what every runner gets.
+#[derive(Debug, Clone, Copy)]
+pub struct Trial<'a> {
+    /// The scenario's name (for errors).
+    pub scenario: &'a str,
+    /// The case.
+    pub case: &'a CaseFile,
+    /// The run's seed.
+    pub seed: u64,
+    /// The policy under test.
+    pub policy: &'a str,
+    /// Virtual or real time.
+    pub mode: Mode,
+}
+
+impl Trial<'_> {
+    /// The case's parameters as `T` (see [`CaseFile::params`]).
+    pub fn params<T: DeserializeOwned>(&self) -> Result<T, ScenarioError> {
+        self.case.params().map_err(|error| ScenarioError::Params {
+            path: self.scenario.to_string(),
+            case: self.case.name.clone(),
+            error: Box::new(error),
+        })
+    }
+
+    /// A failure of this trial's case.
+    pub fn failed(&self, reason: impl Into<String>) -> ScenarioError {
+        ScenarioError::failed(self.case, reason)
+    }
+}
+
+/// Runs one trial; `progress` hears the lab time elapsed.
+pub type Runner = fn(&Trial<'_>, &mut dyn FnMut(Duration)) -> Result<Metrics, ScenarioError>;
+
+/// One workload of an experiment: its name in scenario files and its parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload {
+    /// The `workload` value that selects it.
+    pub name: &'static str,
+    /// What it does, in one line.
+    pub description: &'static str,
+    /// Checks a case's `params` against the workload's typed parameters.
+    pub check: fn(&CaseFile) -> Result<(), toml::de::Error>,
+}
+
+impl Workload {
+    /// A workload whose `params` deserialise into `P`.
+    const fn with<P: DeserializeOwned>(name: &'static str, description: &'static str) -> Self {
+        Self {
+            name,
+            description,
+            check: check::<P>,
+        }
+    }
+}
+
+fn check<P: DeserializeOwned>(case: &CaseFile) -> Result<(), toml::de::Error> {
+    case.params::<P>().map(drop)
+}
+
+/// One experiment: a scenario kind and everything needed to run it.
+#[derive(Debug, Clone, Copy)]
+pub struct Experiment {
+    /// The `kind` value that selects it.
+    pub kind: &'static str,
+    /// What it measures, in one line.
+    pub description: &'static str,
+    /// The policies it compares.
+    pub policies: &'static [&'static str],
+    /// Its workloads.
+    pub workloads: &'static [Workload],
+    /// Whether it also runs on real sockets in real time (`--realtime`).
+    pub realtime: bool,
+    /// Runs one case under one policy.
+    pub run: Runner,
+}
+
+impl Experiment {
+    /// The workload called `name`.
+    pub fn workload(&self, name: &str) -> Option<&'static Workload> {
+        self.workloads.iter().find(|workload| workload.name == name)
+    }
+}
+
+/// Every experiment, by kind.
+pub const EXPERIMENTS: &[Experiment] = &[
+    Experiment {
+        kind: "calibration",
+        description:
+            "the emulator against theory: round trip, bulk goodput, packet rate, loss, partition",
+        policies: &["meshwire"],
+        workloads: &[
+            Workload::with::<calibration::RttParams>("rtt", "echo requests on a warm connection"),
+            Workload::with::<calibration::BulkParams>("bulk", "1 MiB messages a to b"),
+            Workload::with::<calibration::PpsParams>(
+                "pps",
+                "raw datagrams above a packet-rate link",
+            ),
+            Workload::with::<calibration::LossParams>("loss", "raw datagrams over a lossy link"),
+            Workload::with::<calibration::PartitionParams>(
+                "partition",
+                "messages across a link cut and repaired",
+            ),
+        ],
+        realtime: true,
+        run: calibration::run,
+    },
+    Experiment {
+        kind: "fanout",
+        description: "one message to many peers: encode once vs once per destination",
+        policies: &["meshwire", "naive"],
+        workloads: &[Workload::with::<fanout::Params>(
+            "fanout",
+            "one message from a sender to every receiver",
+        )],
+        realtime: false,
+        run: fanout::run,
+    },
+    Experiment {
+        kind: "gossip",
+        description:
+            "an Internet Computer subnet's gossip: adverts, bytes, ingress latency, delivery",
+        policies: &["flood", "ic-origin", "meshwire"],
+        workloads: &[Workload::with::<gossip::Params>(
+            "ic-subnet",
+            "ingress, blocks and shares in a full mesh",
+        )],
+        realtime: false,
+        run: gossip::run,
+    },
+    Experiment {
+        kind: "multipath",
+        description: "the sans-IO session striped over raw UDP paths: goodput and convergence",
+        policies: &["classic", "nkp24", "meshwire"],
+        workloads: &[
+            Workload {
+                name: "transfer",
+                description: "send `mib` MiB, measure goodput",
+                check: multipath_raw::check,
+            },
+            Workload {
+                name: "converge",
+                description: "send without end, measure when in-flight shares settle",
+                check: multipath_raw::check,
+            },
+        ],
+        realtime: false,
+        run: multipath_raw::run,
+    },
+    Experiment {
+        kind: "session",
+        description: "the session over QUIC datagrams: a direct path and a relay path",
+        policies: &["classic", "nkp24", "meshwire"],
+        workloads: &[Workload::with::<multipath_quic::Params>(
+            "transfer",
+            "send `mib` MiB from a to b",
+        )],
+        realtime: false,
+        run: multipath_quic::run,
+    },
+    Experiment {
+        kind: "scale",
+        description: "what the lab costs: a full mesh exchanging small requests",
+        policies: &["meshwire"],
+        workloads: &[Workload::with::<lab_cost::Params>(
+            "mesh-requests",
+            "echo requests to random peers",
+        )],
+        realtime: false,
+        run: lab_cost::run,
+    },
+    Experiment {
+        kind: "xx-team",
+        description: "batches round a ring of computing nodes: one at a time, pipelined, gRPC",
+        policies: &[
+            "grpc-unary-64k",
+            "grpc-stream",
+            "meshwire",
+            "meshwire-pipelined",
+        ],
+        workloads: &[Workload::with::<ring_batches::Params>(
+            "ring",
+            "hop transfer, ring ping and batches round the ring",
+        )],
+        realtime: false,
+        run: ring_batches::run,
+    },
+    Experiment {
+        kind: "zold-fetch",
+        description: "quorum reads over replicas, some slow and one dead",
+        policies: &["sequential", "parallel-all", "hedged"],
+        workloads: &[Workload::with::<quorum_reads::Params>(
+            "quorum-reads",
+            "reads at a fixed rate, each at quorum",
+        )],
+        realtime: false,
+        run: quorum_reads::run,
+    },
+];
+
+/// The experiment of scenario kind `kind`.
+pub fn find(kind: &str) -> Option<&'static Experiment> {
+    EXPERIMENTS
+        .iter()
+        .find(|experiment| experiment.kind == kind)
+}
+
+/// Every kind, in table order.
+pub fn kinds() -> Vec<&'static str> {
+    EXPERIMENTS
+        .iter()
+        .map(|experiment| experiment.kind)
+        .collect()
+}
+
+/// A congestion controller as scenario params name it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CongestionParam {
+    /// CUBIC, quinn's default.
+    #[default]
+    Cubic,
+    /// BBR.
+    Bbr,
+    /// NewReno.
+    NewReno,
+}
+
+impl From<CongestionParam> for meshwire::Congestion {
+    fn from(param: CongestionParam) -> Self {
+        match param {
+            CongestionParam::Cubic => Self::Cubic,
+            CongestionParam::Bbr => Self::Bbr,
+            CongestionParam::NewReno => Self::NewReno,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::scenario::ScenarioFile;
+
+    fn scenario(kind: &str, policy: &str, workload: &str, params: &str) -> String {
+        format!(
+            r#"
+name = "t"
+description = "d"
+kind = "{kind}"
+seed = 1
+policies = ["{policy}"]
+[[case]]
+name = "c"
+workload = "{workload}"
+duration_s = 1
+link = {{ latency_ms = 10 }}
+params = {params}
+"#
+        )
+    }
+
+    fn error(text: &str) -> String {
+        ScenarioFile::parse(text, "inline").unwrap_err().to_string()
+    }
+
+    /// The parameter names a workload accepts, as the params error lists them.
+    fn fields(workload: &Workload) -> Vec<String> {
+        let case: CaseFile = toml::from_str(
+            r#"
+name = "c"
+workload = "w"
+duration_s = 1
+link = { latency_ms = 10 }
+params = { not_a_parameter = 0 }
+"#,
+        )
+        .unwrap();
+        let message = (workload.check)(&case).unwrap_err().to_string();
+        let expected = message
+            .split("expected")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{}: {message}", workload.name));
+        expected
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn a_misspelt_parameter_is_refused_naming_it_and_the_valid_ones() {
+        let message = error(&scenario(
+            "calibration",
+            "meshwire",
+            "rtt",
+            "{ requsts = 21 }",
+        ));
+        assert!(message.contains("requsts"), "{message}");
+        assert!(message.contains("`requests`"), "{message}");
+        let message = error(&scenario(
+            "calibration",
+            "meshwire",
+            "bulk",
+            "{ mebibyte = 2 }",
+        ));
+        assert!(message.contains("mebibyte"), "{message}");
+        for field in [
+            "mebibytes",
+            "warmup_mebibytes",
+            "stream_window_bytes",
+            "congestion",
+        ] {
+            assert!(message.contains(&format!("`{field}`")), "{message}");
+        }
+        let message = error(&scenario("xx-team", "meshwire", "ring", "{ node = 3 }"));
+        assert!(
+            message.contains("node") && message.contains("`nodes`"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_wrong_type_or_value_is_refused() {
+        let message = error(&scenario("fanout", "naive", "fanout", "{ peers = -1 }"));
+        assert!(
+            message.contains("-1") && message.contains("u64"),
+            "{message}"
+        );
+        let message = error(&scenario(
+            "session",
+            "meshwire",
+            "transfer",
+            r#"{ direct = { latency_ms = 5 }, congestion = "vegas" }"#,
+        ));
+        assert!(
+            message.contains("vegas") && message.contains("`bbr`"),
+            "{message}"
+        );
+        let message = error(&scenario(
+            "multipath",
+            "meshwire",
+            "converge",
+            "{ mib = 8, paths = [{ latency_ms = 5, rate_packets_per_s = 10 }] }",
+        ));
+        assert!(
+            message.contains("mib applies to workload transfer"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn unknown_kinds_workloads_and_policies_are_refused_naming_the_valid_ones() {
+        let message = error(&scenario("calibrate", "meshwire", "rtt", "{}"));
+        assert!(
+            message.contains("calibrate") && message.contains("zold-fetch"),
+            "{message}"
+        );
+        let message = error(&scenario("calibration", "meshwire", "ping", "{}"));
+        assert!(
+            message.contains("ping") && message.contains("partition"),
+            "{message}"
+        );
+        let message = error(&scenario("zold-fetch", "random", "quorum-reads", "{}"));
+        assert!(
+            message.contains("random") && message.contains("hedged"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn the_table_has_one_entry_per_kind_and_per_workload() {
+        let mut kinds = kinds();
+        kinds.sort_unstable();
+        kinds.dedup();
+        assert_eq!(kinds.len(), EXPERIMENTS.len());
+        for experiment in EXPERIMENTS {
+            let mut names: Vec<_> = experiment.workloads.iter().map(|w| w.name).collect();
+            names.sort_unstable();
+            names.dedup();
+            assert_eq!(
+                names.len(),
+                experiment.workloads.len(),
+                "{}",
+                experiment.kind
+            );
+            assert_eq!(find(experiment.kind).map(|e| e.kind), Some(experiment.kind));
+        }
+    }
+
+    #[test]
+    fn every_scenario_file_loads() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+        let mut loaded = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|ext| ext == "toml") {
+                ScenarioFile::load(&path).unwrap_or_else(|error| panic!("{error}"));
+                loaded += 1;
+            }
+        }
+        assert!(loaded >= EXPERIMENTS.len(), "only {loaded} scenario files");
+    }
+
+    /// docs/scenarios.md has a section per kind that names its policies, workloads and every
+    /// parameter of every workload.
+    #[test]
+    fn the_scenario_docs_cover_every_kind_workload_and_parameter() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/scenarios.md");
+        let docs = std::fs::read_to_string(path).unwrap();
+        for experiment in EXPERIMENTS {
+            let heading = format!("### `{}`", experiment.kind);
+            let start = docs
+                .find(&heading)
+                .unwrap_or_else(|| panic!("no section {heading}"));
+            let section = &docs[start + heading.len()..];
+            let section = &section[..section.find("\n### ").unwrap_or(section.len())];
+            let mentioned = |name: &str| section.contains(&format!("`{name}`"));
+            for policy in experiment.policies {
+                assert!(mentioned(policy), "{}: policy {policy}", experiment.kind);
+            }
+            for workload in experiment.workloads {
+                assert!(
+                    mentioned(workload.name),
+                    "{}: workload {}",
+                    experiment.kind,
+                    workload.name
+                );
+                for field in fields(workload) {
+                    assert!(
+                        mentioned(&field),
+                        "{}/{}: param {field}",
+                        experiment.kind,
+                        workload.name
+                    );
+                }
+            }
+        }
+    }
+}

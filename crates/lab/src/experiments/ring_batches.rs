@@ -1,0 +1,62 @@
+//! Batches round a ring of computing nodes (the xx network's team, `docs/lessons.md`): 4 Mbit
+//! batches, each node computing on every batch, one batch at a time, pipelined, or on gRPC.
+//!
+//! A case measures, per policy (`meshwire`: K = 1; `meshwire-pipelined`: K = `pipelined_k`;
+//! `grpc-unary-64k` and `grpc-stream`: the gRPC baselines, one batch at a time):
+//! - `hop_transfer_ms_p50` / `_p99`: `n0` sends plain batches to `n1` over the warm connection
+//!   (one warm-up batch first); first byte sent (just before the stream opens) to last byte
+//!   received (the receiver has the end record), on the lab's shared clock;
+//! - `ring_ping_ms`: the latest ring ping on the idle ring, before the batches start;
+//! - `batches_per_s`: `batches` batches through the pipeline, from the first submission to the
+//!   last result; `batches_failed` counts failures (0 expected).
+//!
+//! [`workload`] holds what every policy shares, [`pipeline`] runs the meshwire policies and
+//! `grpc` (feature `baselines`) the gRPC ones.
+
+#[cfg(feature = "baselines")]
+pub mod grpc;
+pub mod pipeline;
+pub mod workload;
+
+use std::time::Duration;
+
+pub use pipeline::{team_transform, Addresses, HopLog, Team};
+pub use workload::{team_batch, Params, Workload};
+
+use super::Trial;
+use crate::scenario::ScenarioError;
+use crate::stats::Metrics;
+
+/// Runs one xx-team case under the trial's policy: `meshwire`, `meshwire-pipelined`, or (with
+/// the `baselines` feature) `grpc-unary-64k` or `grpc-stream`.
+pub fn run(
+    trial: &Trial<'_>,
+    progress: &mut dyn FnMut(Duration),
+) -> Result<Metrics, ScenarioError> {
+    let (case, seed) = (trial.case, trial.seed);
+    let params: Params = trial.params()?;
+    let in_flight = match trial.policy {
+        "meshwire" => 1,
+        "meshwire-pipelined" => params.pipelined_k as usize,
+        #[cfg(feature = "baselines")]
+        other => match grpc::Baseline::from_policy(other) {
+            Some(baseline) => return grpc::run(case, seed, &params, baseline, progress),
+            None => return Err(unknown_policy(trial)),
+        },
+        #[cfg(not(feature = "baselines"))]
+        _ => return Err(unknown_policy(trial)),
+    };
+    pipeline::run(case, seed, &params, in_flight, progress)
+}
+
+fn unknown_policy(trial: &Trial<'_>) -> ScenarioError {
+    let baselines = if cfg!(feature = "baselines") {
+        ", grpc-unary-64k, grpc-stream"
+    } else {
+        " (gRPC baselines need the `baselines` feature)"
+    };
+    trial.failed(format!(
+        "unknown policy {:?}; xx-team runs meshwire, meshwire-pipelined{baselines}",
+        trial.policy
+    ))
+}

@@ -1,0 +1,161 @@
+//! What every policy of the ring experiment shares: its parameters, its batches and its metrics.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use meshwire::pipeline::BatchInput;
+use meshwire::Chunk;
+use serde::Deserialize;
+
+use crate::experiments::CongestionParam;
+use crate::scenario::{CaseFile, ScenarioError};
+use crate::stats::{percentile_f64, round_metric, Metrics};
+
+/// `ring` parameters (defaults: the xx network's team of five, 1000 x 500 B payloads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Params {
+    /// Nodes in the ring, the first included.
+    pub nodes: u64,
+    /// Payloads per batch.
+    pub slots: u32,
+    /// Bytes per payload.
+    pub payload_bytes: u64,
+    /// Each node's compute per batch.
+    pub compute_ms: u64,
+    /// Batches sent round the ring by the meshwire policies.
+    pub batches: u64,
+    /// Batches sent round the ring by the gRPC baselines; absent: `batches`.
+    pub baseline_batches: Option<u64>,
+    /// Batches in flight under `meshwire-pipelined`.
+    pub pipelined_k: u64,
+    /// Hop-transfer samples after the warm-up batch.
+    pub hop_samples: u64,
+    /// How long a batch may take round the ring.
+    pub batch_deadline_s: u64,
+    /// Ring ping interval of the meshwire policies.
+    pub ping_interval_ms: u64,
+    /// Every meshwire node's initial congestion window; 0: quinn's standard start.
+    pub initial_window_bytes: u64,
+    /// Every meshwire node's QUIC congestion controller.
+    pub congestion: CongestionParam,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Self {
+            nodes: 5,
+            slots: 1000,
+            payload_bytes: 500,
+            compute_ms: 0,
+            batches: 20,
+            baseline_batches: None,
+            pipelined_k: 5,
+            hop_samples: 10,
+            batch_deadline_s: 30,
+            ping_interval_ms: 500,
+            initial_window_bytes: 0,
+            congestion: CongestionParam::Cubic,
+        }
+    }
+}
+
+/// A batch of `slots` payloads of `payload_bytes`, byte `i` of the batch being `(i * 7 + seed) % 251`.
+pub fn team_batch(round: u64, slots: u32, payload_bytes: usize) -> BatchInput {
+    let chunks = (0..slots)
+        .map(|slot| {
+            let start = slot as usize * payload_bytes;
+            Chunk {
+                slots: 1,
+                data: (start..start + payload_bytes)
+                    .map(|i| ((i * 7 + round as usize) % 251) as u8)
+                    .collect(),
+            }
+        })
+        .collect();
+    BatchInput {
+        round,
+        phase: 0,
+        metadata: Bytes::copy_from_slice(&round.to_le_bytes()),
+        chunks,
+    }
+}
+
+/// The workload of an xx-team case, shared by every policy.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload {
+    /// Nodes in the ring, the first included.
+    pub nodes: usize,
+    /// Payloads per batch.
+    pub slots: u32,
+    /// Bytes per payload.
+    pub payload_bytes: usize,
+    /// Batches sent round the ring by the meshwire policies.
+    pub batches: u64,
+    /// Batches sent round the ring by the gRPC baselines. They send one batch at a time, so their
+    /// rate does not depend on the count, and fewer keep a run's wall time small.
+    pub baseline_batches: u64,
+    /// Hop-transfer samples after the warm-up batch.
+    pub hop_samples: usize,
+    /// Each node's compute per batch.
+    pub compute_per_batch: Duration,
+    /// How long a batch may take round the ring.
+    pub batch_deadline: Duration,
+}
+
+impl Workload {
+    /// The workload `params` describe.
+    pub fn new(case: &CaseFile, params: &Params) -> Result<Self, ScenarioError> {
+        let workload = Self {
+            nodes: params.nodes as usize,
+            slots: params.slots,
+            payload_bytes: params.payload_bytes as usize,
+            batches: params.batches,
+            baseline_batches: params.baseline_batches.unwrap_or(params.batches),
+            hop_samples: params.hop_samples as usize,
+            compute_per_batch: Duration::from_millis(params.compute_ms),
+            batch_deadline: Duration::from_secs(params.batch_deadline_s),
+        };
+        if workload.nodes < 2
+            || workload.slots == 0
+            || workload.batches == 0
+            || workload.baseline_batches == 0
+        {
+            return Err(ScenarioError::failed(
+                case,
+                "an xx-team ring needs at least 2 nodes, 1 slot and 1 batch",
+            ));
+        }
+        Ok(workload)
+    }
+}
+
+/// The metrics every xx-team policy reports: hop transfer percentiles over sorted `hop_ms`, the
+/// ring ping, and `batches` round the ring in `elapsed_s` with `failed` of them failed.
+pub fn team_metrics(
+    hop_ms: &[f64],
+    ring_ping: Duration,
+    batches: u64,
+    elapsed_s: f64,
+    failed: u64,
+) -> Metrics {
+    Metrics::from([
+        (
+            "hop_transfer_ms_p50".into(),
+            round_metric(percentile_f64(hop_ms, 0.5)),
+        ),
+        (
+            "hop_transfer_ms_p99".into(),
+            round_metric(percentile_f64(hop_ms, 0.99)),
+        ),
+        (
+            "ring_ping_ms".into(),
+            round_metric(ring_ping.as_secs_f64() * 1e3),
+        ),
+        (
+            "batches_per_s".into(),
+            round_metric(batches as f64 / elapsed_s),
+        ),
+        ("batches_failed".into(), failed as f64),
+    ])
+}
