@@ -74,7 +74,7 @@ struct FileSettings {
     objects: FileObjects,
 }
 
-/// The `[objects]` table: replication and quorum settings (see docs/objects.md).
+/// The `[objects]` table: replication and quorum settings (see the `# Design` of crates/objects/src/lib.rs).
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileObjects {

@@ -71,7 +71,7 @@
 //!
 //! ## Messages
 //!
-//! Batches of items on one protocol id (`GOSSIP_PROTOCOL`, "GOSP"), format in
+//! Batches of items on one protocol id (`meshwire::protocols::GOSSIP`), format in
 //! [`proto::codec`] (frozen by a golden vector):
 //!
 //! | item | meaning |

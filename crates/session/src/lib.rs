@@ -89,7 +89,7 @@
 //! unbuffered channel: the writer blocks until the path takes the packet, so NCP's send times (and its
 //! RTTs and RTOs) exclude the wait. The runner reproduces this with `Sender::block_path_until`: after a
 //! datagram on a path, the path is busy for 1/rate on its own schedule (a wake-up late by less than one
-//! interval does not slow it). `params.writer_blocks = 0` restores the lab link's queue (packets stamped,
+//! interval does not slow it). `params.writer_blocks = false` restores the lab link's queue (packets stamped,
 //! then queued), which made NKP-0024's 4096/n starting windows inflate RTTs into NCP's timeouts.
 //!
 //! ## Measured
@@ -131,7 +131,7 @@
 //! ## The `Session` API and relays (module `net`)
 //!
 //! ```rust,ignore
-//! let host = SessionHost::new(&node, SessionSettings::default()); // takes the node's datagrams
+//! let host = SessionHost::new(&node, SessionSettings::default())?; // subscribes to protocols::SESSION_DATAGRAM; refused if taken
 //! let session = host.open(peer)?;                 // no paths yet
 //! session.add_direct_path(PathId(0))?;            // node must be connected to `peer`
 //! session.add_relay_path(PathId(1), relay).await?; // `relay` connected to us and to `peer`
@@ -141,7 +141,8 @@
 //! // the other side: let mut incoming = host.incoming(); let s = incoming.recv().await;
 //! ```
 //!
-//! - **Carriage.** Every session packet travels in one QUIC datagram behind a route header
+//! - **Carriage.** Every session packet travels in one QUIC datagram on datagram protocol
+//!   `meshwire::protocols::SESSION_DATAGRAM` (a one-byte tag, 0x40), behind a route header
 //!   ([`proto::route`]: `Direct`, `ToRelay{destination}`, `FromRelay{source}`, session id, path
 //!   id). The accepting end learns paths from arrivals and answers on the path (and relay) each came
 //!   from. `Node::send_datagram` checks quinn's datagram buffer first and refuses (`BufferFull`) rather
@@ -150,7 +151,7 @@
 //!   `TransportSettings::datagram_buffer_bytes` (1 MiB) per direction; inbound datagrams wait in one
 //!   bounded node inbox, then one bounded queue per session; every drop is counted.
 //! - **Relays.** A node forwards a (session, path) only after agreeing to a `RelayRequest` on protocol
-//!   `RELAY_PROTOCOL`, only between the two ends named in it, only to a peer it already has a
+//!   `meshwire::protocols::SESSION_RELAY`, only between the two ends named in it, only to a peer it already has a
 //!   connection to (it never dials for others), one datagram of the same length out per datagram in
 //!   (no amplification), through a per-path token bucket (`RelayLimits`: 12.5 MB/s, 1 MiB burst), for
 //!   at most 64 paths, forgetting agreements idle for 30 s. Refused, rate-limited and unsendable
