@@ -29,7 +29,9 @@ use crate::proto::object::{
     self, content_hash, decode_fetched, decode_stored, merge, FetchMode, Fetched, ObjectError,
     Stamp, Vote,
 };
-use crate::proto::quorum::{Outcome, PeerScores, Policy, QuorumConfig, QuorumError, ScoreConfig};
+use crate::proto::quorum::{
+    Outcome, PeerScores, Policy, QuorumConfig, QuorumError, QuorumPlan, ScoreConfig,
+};
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use meshwire::{HandlerError, Node, PeerId, ProtocolId};
@@ -634,9 +636,11 @@ impl ObjectService {
 
     /// Runs `plan`, asking peers with `ask`, until it is done. Returns the answers and the outcome;
     /// requests still in flight are cancelled (reads) or left to finish in the background (writes).
+    /// The plan decides whom to ask and when, and how replies update the peer scores; this only
+    /// sends, awaits and reads the clock.
     async fn drive<T, F, Fut>(
         &self,
-        mut plan: crate::proto::quorum::QuorumPlan<PeerId>,
+        mut plan: QuorumPlan<PeerId>,
         ask: F,
         leftover: Leftover,
     ) -> (Vec<(PeerId, T)>, Outcome)
@@ -651,18 +655,11 @@ impl ObjectService {
             let at = now();
             while let Some(peer) = plan.poll_ask(at) {
                 let request = ask(peer);
-                let sent = tokio::time::Instant::now();
-                in_flight.push(async move { (peer, sent, request.await) });
+                in_flight.push(async move { (peer, request.await) });
             }
             if let Some(outcome) = plan.outcome() {
-                let at = tokio::time::Instant::now();
                 match leftover {
-                    Leftover::Cancel => {
-                        let mut scores = lock(&self.inner.scores);
-                        for (peer, sent) in plan.pending() {
-                            scores.record_unanswered(peer, at.into_std() - sent);
-                        }
-                    }
+                    Leftover::Cancel => plan.cancel_pending(now(), &mut lock(&self.inner.scores)),
                     Leftover::Finish if !in_flight.is_empty() => {
                         tokio::spawn(async move { while in_flight.next().await.is_some() {} });
                     }
@@ -675,19 +672,18 @@ impl ObjectService {
                 .map(tokio::time::Instant::from_std)
                 .unwrap_or_else(tokio::time::Instant::now);
             tokio::select! {
-                Some((peer, sent, result)) = in_flight.next() => {
-                    let at = tokio::time::Instant::now();
+                Some((peer, result)) = in_flight.next() => {
+                    let at = now();
                     let mut scores = lock(&self.inner.scores);
                     match result {
                         Ok(value) => {
-                            scores.record_success(peer, at - sent);
-                            plan.handle_answer(peer, at.into_std());
-                            answers.push((peer, value));
+                            if plan.on_answer(peer, at, &mut scores) {
+                                answers.push((peer, value));
+                            }
                         }
                         Err(error) => {
                             tracing::debug!(peer = %peer.short(), %error, "replica request failed");
-                            scores.record_failure(peer, at - sent);
-                            plan.handle_failure(peer, at.into_std());
+                            plan.on_failure(peer, at, &mut scores);
                         }
                     }
                 }
