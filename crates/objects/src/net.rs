@@ -6,5 +6,5 @@ pub mod service;
 pub mod store;
 
 pub use daemon::{Daemon, DaemonBuilder, DaemonError};
-pub use service::{ObjectConfig, ObjectService, ObjectServiceError, FETCH, STORE};
+pub use service::{ObjectConfig, ObjectService, ObjectServiceError, ReplicaError, FETCH, STORE};
 pub use store::{Store, StoreError, StoredObject};
