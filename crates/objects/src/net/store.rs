@@ -34,9 +34,9 @@ pub enum StoreError {
     /// The database file could not be opened or created.
     #[error("cannot open the object store: {0}")]
     Open(#[from] redb::DatabaseError),
-    /// A transaction could not begin.
+    /// A transaction could not begin (boxed: redb's error is large).
     #[error("object store transaction failed: {0}")]
-    Transaction(#[from] redb::TransactionError),
+    Transaction(#[source] Box<redb::TransactionError>),
     /// A table could not be opened.
     #[error("object store table failed: {0}")]
     Table(#[from] redb::TableError),
@@ -54,6 +54,12 @@ pub enum StoreError {
         /// What is wrong.
         reason: &'static str,
     },
+}
+
+impl From<redb::TransactionError> for StoreError {
+    fn from(error: redb::TransactionError) -> Self {
+        Self::Transaction(Box::new(error))
+    }
 }
 
 /// A stored object's stamp and content.
