@@ -17,7 +17,8 @@
 //!   Exploration: with probability `explore_probability` a plan also asks one random peer from
 //!   outside the first choices, so a peer that recovered is measured again without delaying the read.
 //! - [`QuorumPlan`] runs one request. The driver polls [`QuorumPlan::poll_ask`] for peers to ask,
-//!   reports each answer or failure, and wakes at [`QuorumPlan::poll_timeout`]. Policies:
+//!   reports each answer or failure, and wakes at [`QuorumPlan::poll_timeout`]. Policies (each
+//!   one implementation of the plan's rules, in its own file under `quorum/policy/`):
 //!   - [`Policy::Sequential`] (Zold): one peer at a time in the given order; the next is asked when
 //!     the current one answers, fails, or exceeds `attempt_timeout`.
 //!   - [`Policy::ParallelAll`]: every candidate at once; done when all have answered or failed, or at
@@ -37,6 +38,7 @@
 use std::time::Duration;
 
 mod plan;
+mod policy;
 mod scores;
 
 pub use plan::{Candidate, Finish, Outcome, QuorumPlan};
@@ -54,6 +56,15 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// The rules this policy stands for.
+    fn spread(self) -> &'static dyn policy::Spread {
+        match self {
+            Self::Sequential => &policy::Sequential,
+            Self::ParallelAll => &policy::ParallelAll,
+            Self::Hedged => &policy::Hedged,
+        }
+    }
+
     /// The policy's name in scenario files and headers.
     pub fn name(self) -> &'static str {
         match self {

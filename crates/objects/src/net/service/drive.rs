@@ -1,4 +1,4 @@
-//! Run a quorum plan over real requests: the plan decides whom to ask and when, this sends, awaits and reads the clock.
+//! Run a quorum plan over real requests: the plan decides, this sends, awaits and reads the clock.
 
 use std::future::Future;
 use std::sync::Mutex;

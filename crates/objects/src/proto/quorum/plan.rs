@@ -3,7 +3,8 @@
 use std::hash::Hash;
 use std::time::{Duration, Instant};
 
-use super::{PeerScores, Policy, QuorumConfig, QuorumError};
+use super::policy::Spread;
+use super::{PeerScores, QuorumConfig, QuorumError};
 
 /// A peer a plan may ask, with how long to wait for it before hedging.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,12 +15,51 @@ pub struct Candidate<P> {
     pub hedge_after: Duration,
 }
 
+/// Where one candidate's attempt stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SlotState {
+pub(super) enum SlotState {
+    /// Not asked yet.
     Waiting,
+    /// Asked at `sent`; `hedged` once another peer was asked because this one is late.
     InFlight { sent: Instant, hedged: bool },
+    /// Answered.
     Answered,
+    /// Failed, or given up on.
     Failed,
+}
+
+/// A plan's attempts, apart from who the peers are: what its policy decides on.
+#[derive(Debug, Clone)]
+pub(super) struct Slots {
+    /// The request's settings.
+    pub(super) config: QuorumConfig,
+    /// Each candidate's hedge delay.
+    pub(super) hedge_after: Vec<Duration>,
+    /// Each candidate's attempt.
+    pub(super) states: Vec<SlotState>,
+    /// The candidate asked at the start beyond the first choices, if any.
+    pub(super) explore: Option<usize>,
+    /// Answers counted.
+    pub(super) answers: usize,
+    /// Failures counted.
+    pub(super) failed: usize,
+}
+
+impl Slots {
+    /// Attempts in flight.
+    pub(super) fn in_flight(&self) -> usize {
+        self.states
+            .iter()
+            .filter(|state| matches!(state, SlotState::InFlight { .. }))
+            .count()
+    }
+
+    /// The first candidate not asked yet.
+    pub(super) fn next_waiting(&self) -> Option<usize> {
+        self.states
+            .iter()
+            .position(|state| *state == SlotState::Waiting)
+    }
 }
 
 /// Why a plan finished.
@@ -56,15 +96,12 @@ impl Outcome {
 /// One quorum request in progress. See the module docs for the protocol.
 #[derive(Debug, Clone)]
 pub struct QuorumPlan<P> {
-    config: QuorumConfig,
+    spread: &'static dyn Spread,
     started: Instant,
-    candidates: Vec<Candidate<P>>,
-    states: Vec<SlotState>,
+    peers: Vec<P>,
+    slots: Slots,
     /// When each candidate was asked; kept after it resolves, for the latency of a late reply.
     asked_at: Vec<Option<Instant>>,
-    explore: Option<usize>,
-    answers: usize,
-    failed: usize,
     asked: usize,
     finished: Option<Finish>,
 }
@@ -79,33 +116,36 @@ impl<P: Copy + Eq> QuorumPlan<P> {
         now: Instant,
     ) -> Result<Self, QuorumError> {
         config.validate()?;
-        let states = vec![SlotState::Waiting; candidates.len()];
-        let asked_at = vec![None; candidates.len()];
+        let spread = config.policy.spread();
+        let count = candidates.len();
+        let explore = explore.filter(|index| spread.explores() && *index < count);
+        let (peers, hedge_after) = candidates
+            .into_iter()
+            .map(|candidate| (candidate.peer, candidate.hedge_after))
+            .unzip();
         let mut plan = Self {
-            config,
+            spread,
             started: now,
-            candidates,
-            states,
-            asked_at,
-            explore: explore.filter(|_| config.policy == Policy::Hedged),
-            answers: 0,
-            failed: 0,
+            peers,
+            slots: Slots {
+                config,
+                hedge_after,
+                states: vec![SlotState::Waiting; count],
+                explore,
+                answers: 0,
+                failed: 0,
+            },
+            asked_at: vec![None; count],
             asked: 0,
             finished: None,
         };
-        if plan
-            .explore
-            .is_some_and(|index| index >= plan.candidates.len())
-        {
-            plan.explore = None;
-        }
         plan.check_done(now);
         Ok(plan)
     }
 
     /// The settings.
     pub fn config(&self) -> &QuorumConfig {
-        &self.config
+        &self.slots.config
     }
 
     /// When the plan started.
@@ -114,23 +154,16 @@ impl<P: Copy + Eq> QuorumPlan<P> {
     }
 
     fn index_of(&self, peer: P) -> Option<usize> {
-        self.candidates.iter().position(|c| c.peer == peer)
-    }
-
-    fn in_flight(&self) -> usize {
-        self.states
-            .iter()
-            .filter(|state| matches!(state, SlotState::InFlight { .. }))
-            .count()
+        self.peers.iter().position(|p| *p == peer)
     }
 
     /// Peers asked and not yet resolved (the driver cancels them when the plan is done).
     pub fn pending(&self) -> impl Iterator<Item = (P, Instant)> + '_ {
-        self.candidates
+        self.peers
             .iter()
-            .zip(&self.states)
-            .filter_map(|(candidate, state)| match state {
-                SlotState::InFlight { sent, .. } => Some((candidate.peer, *sent)),
+            .zip(&self.slots.states)
+            .filter_map(|(peer, state)| match state {
+                SlotState::InFlight { sent, .. } => Some((*peer, *sent)),
                 _ => None,
             })
     }
@@ -152,76 +185,61 @@ impl<P: Copy + Eq> QuorumPlan<P> {
         let Some(index) = self.index_of(peer) else {
             return;
         };
-        if !matches!(self.states[index], SlotState::InFlight { .. }) {
+        if !matches!(self.slots.states[index], SlotState::InFlight { .. }) {
             return;
         }
-        self.states[index] = to;
+        self.slots.states[index] = to;
         match to {
-            SlotState::Answered => self.answers += 1,
-            _ => self.failed += 1,
+            SlotState::Answered => self.slots.answers += 1,
+            _ => self.slots.failed += 1,
         }
         self.check_done(now);
     }
 
     fn deadline(&self) -> Instant {
-        self.started + self.config.deadline
+        self.started + self.slots.config.deadline
     }
 
     fn check_done(&mut self, now: Instant) {
         if self.finished.is_some() {
             return;
         }
-        let unresolved = self
+        let slots = &self.slots;
+        let unresolved = slots
             .states
             .iter()
             .filter(|state| matches!(state, SlotState::Waiting | SlotState::InFlight { .. }))
             .count();
-        self.finished =
-            if self.config.policy != Policy::ParallelAll && self.answers >= self.config.quorum {
-                Some(Finish::Quorum)
-            } else if unresolved == 0 {
-                Some(if self.answers >= self.config.quorum {
-                    Finish::Quorum
-                } else {
-                    Finish::Exhausted
-                })
-            } else if now >= self.deadline() {
-                Some(Finish::Deadline)
+        let reached = slots.answers >= slots.config.quorum;
+        self.finished = if self.spread.ends_at_quorum() && reached {
+            Some(Finish::Quorum)
+        } else if unresolved == 0 {
+            Some(if reached {
+                Finish::Quorum
             } else {
-                None
-            };
+                Finish::Exhausted
+            })
+        } else if now >= self.deadline() {
+            Some(Finish::Deadline)
+        } else {
+            None
+        };
     }
 
-    /// Applies timeouts due at `now` (sequential attempts, hedges, the deadline).
+    /// Applies timeouts due at `now` (sequential attempts, the deadline).
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.config.policy == Policy::Sequential {
-            let timeout = self.config.attempt_timeout;
-            for state in &mut self.states {
-                if let SlotState::InFlight { sent, .. } = *state {
-                    if now >= sent + timeout {
-                        *state = SlotState::Failed;
-                        self.failed += 1;
-                    }
-                }
-            }
-        }
+        self.spread.expire(&mut self.slots, now);
         self.check_done(now);
     }
 
-    fn next_waiting(&self) -> Option<usize> {
-        self.states
-            .iter()
-            .position(|state| *state == SlotState::Waiting)
-    }
-
     fn ask(&mut self, index: usize, now: Instant) -> P {
-        self.states[index] = SlotState::InFlight {
+        self.slots.states[index] = SlotState::InFlight {
             sent: now,
             hedged: false,
         };
         self.asked_at[index] = Some(now);
         self.asked += 1;
-        self.candidates[index].peer
+        self.peers[index]
     }
 
     /// The next peer to ask now, if any. Call until `None` after every event.
@@ -230,54 +248,8 @@ impl<P: Copy + Eq> QuorumPlan<P> {
         if self.finished.is_some() {
             return None;
         }
-        let in_flight = self.in_flight();
-        match self.config.policy {
-            Policy::Sequential => {
-                if in_flight > 0 {
-                    return None;
-                }
-                let index = self.next_waiting()?;
-                Some(self.ask(index, now))
-            }
-            Policy::ParallelAll => {
-                let index = self.next_waiting()?;
-                Some(self.ask(index, now))
-            }
-            Policy::Hedged => self.poll_hedged(in_flight, now),
-        }
-    }
-
-    fn poll_hedged(&mut self, in_flight: usize, now: Instant) -> Option<P> {
-        // A late peer is hedged once: from now on it no longer counts as a live attempt, so the
-        // rule below asks the next-best peer in its place.
-        for (index, state) in self.states.iter_mut().enumerate() {
-            if let SlotState::InFlight { sent, hedged } = state {
-                if !*hedged && now >= *sent + self.candidates[index].hedge_after {
-                    *hedged = true;
-                }
-            }
-        }
-        if in_flight >= self.config.max_in_flight {
-            return None;
-        }
-        if let Some(index) = self.explore {
-            if self.states[index] == SlotState::Waiting {
-                return Some(self.ask(index, now));
-            }
-        }
-        let next = self.next_waiting()?;
-        if next < self.config.fanout {
-            return Some(self.ask(next, now));
-        }
-        let live = self
-            .states
-            .iter()
-            .filter(|state| matches!(state, SlotState::InFlight { hedged: false, .. }))
-            .count();
-        if live < self.config.quorum.saturating_sub(self.answers) {
-            return Some(self.ask(next, now));
-        }
-        None
+        let index = self.spread.next(&mut self.slots, now)?;
+        Some(self.ask(index, now))
     }
 
     /// When the driver must call [`Self::poll_ask`] again if nothing else happens.
@@ -285,18 +257,18 @@ impl<P: Copy + Eq> QuorumPlan<P> {
         if self.finished.is_some() {
             return None;
         }
-        let mut wake = self.deadline();
-        for (index, state) in self.states.iter().enumerate() {
-            if let SlotState::InFlight { sent, hedged } = *state {
-                match self.config.policy {
-                    Policy::Sequential => wake = wake.min(sent + self.config.attempt_timeout),
-                    Policy::Hedged if !hedged => {
-                        wake = wake.min(sent + self.candidates[index].hedge_after)
-                    }
-                    _ => {}
+        let wake = self
+            .slots
+            .states
+            .iter()
+            .enumerate()
+            .filter_map(|(index, state)| match *state {
+                SlotState::InFlight { sent, hedged } => {
+                    self.spread.attention_at(&self.slots, index, sent, hedged)
                 }
-            }
-        }
+                _ => None,
+            })
+            .fold(self.deadline(), Instant::min);
         Some(wake)
     }
 
@@ -304,9 +276,9 @@ impl<P: Copy + Eq> QuorumPlan<P> {
     pub fn outcome(&self) -> Option<Outcome> {
         self.finished.map(|finish| Outcome {
             finish,
-            answers: self.answers,
+            answers: self.slots.answers,
             asked: self.asked,
-            failed: self.failed,
+            failed: self.slots.failed,
         })
     }
 }
@@ -359,7 +331,7 @@ impl<P: Copy + Eq + Hash + Ord> QuorumPlan<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::quorum::ScoreConfig;
+    use crate::proto::quorum::{Policy, ScoreConfig};
     use proptest::prelude::*;
 
     const MS: Duration = Duration::from_millis(1);

@@ -8,7 +8,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, RngCore};
 
 use super::plan::{Candidate, QuorumPlan};
-use super::{Policy, QuorumConfig, QuorumError};
+use super::{QuorumConfig, QuorumError};
 
 /// Settings of the peer ranking.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -174,21 +174,21 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
         now: Instant,
         rng: &mut impl RngCore,
     ) -> Result<QuorumPlan<P>, QuorumError> {
-        let ordered = match config.policy {
-            Policy::Hedged => self.rank(candidates, rng),
-            Policy::Sequential | Policy::ParallelAll => {
-                let mut seen = std::collections::HashSet::new();
-                candidates
-                    .iter()
-                    .filter(|peer| seen.insert(**peer))
-                    .map(|peer| Candidate {
-                        peer: *peer,
-                        hedge_after: self.tail_latency(*peer),
-                    })
-                    .collect()
-            }
+        let spread = config.policy.spread();
+        let ordered = if spread.ranks_by_score() {
+            self.rank(candidates, rng)
+        } else {
+            let mut seen = std::collections::HashSet::new();
+            candidates
+                .iter()
+                .filter(|peer| seen.insert(**peer))
+                .map(|peer| Candidate {
+                    peer: *peer,
+                    hedge_after: self.tail_latency(*peer),
+                })
+                .collect()
         };
-        let explore = config.policy == Policy::Hedged
+        let explore = spread.explores()
             && ordered.len() > config.fanout
             && rng.random_bool(self.config.explore_probability.clamp(0.0, 1.0));
         let explore_index = explore.then(|| rng.random_range(config.fanout..ordered.len()));
@@ -203,6 +203,7 @@ fn millis(ms: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::quorum::Policy;
     use rand::rngs::SmallRng;
     use rand::SeedableRng;
 
