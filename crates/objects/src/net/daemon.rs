@@ -55,14 +55,17 @@ pub enum DaemonError {
         /// Why.
         source: NodeError,
     },
-    /// The store could not be opened.
-    #[error("cannot open the object store {path}: {source}")]
+    /// The store file could not be opened.
+    #[error("cannot open the object store {}: {source}", path.display())]
     Store {
-        /// The store file, or `memory` for an in-memory store.
-        path: String,
+        /// The store file.
+        path: PathBuf,
         /// Why.
         source: StoreError,
     },
+    /// The in-memory store could not be created.
+    #[error("cannot create the in-memory object store: {0}")]
+    MemoryStore(#[source] StoreError),
     /// The object service refused its settings.
     #[error(transparent)]
     Service(#[from] ObjectServiceError),
@@ -154,15 +157,10 @@ impl DaemonBuilder {
                     source,
                 })?;
                 let path = dir.join(STORE_FILE);
-                Store::open(&path, self.cache_bytes).map_err(|source| DaemonError::Store {
-                    path: path.display().to_string(),
-                    source,
-                })?
+                Store::open(&path, self.cache_bytes)
+                    .map_err(|source| DaemonError::Store { path, source })?
             }
-            None => Store::in_memory(self.cache_bytes).map_err(|source| DaemonError::Store {
-                path: "memory".into(),
-                source,
-            })?,
+            None => Store::in_memory(self.cache_bytes).map_err(DaemonError::MemoryStore)?,
         };
         let service = ObjectService::new(node, store, self.objects, self.seed)?;
         let http = match self.http {
