@@ -1,15 +1,15 @@
 //! Start five nodes on loopback and show them working: mesh, messages, requests, fan-out, bulk,
 //! and the HTTP object API (PUT through one node, GET through another).
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use bytes::Bytes;
 use meshwire::protocols::{BULK, BULK_STREAM, DATA as CHAT, ECHO};
-use meshwire::{Keypair, Node, NodeConfig, PeerId};
+use meshwire::{Node, PeerId};
 use meshwire_lab::stats::percentile;
-use meshwire_objects::net::store::Store;
-use meshwire_objects::net::{ObjectConfig, ObjectService};
+use meshwire_objects::net::{Daemon, ObjectConfig};
 
 const NODES: usize = 5;
 const MESSAGES_PER_PAIR: u32 = 200;
@@ -22,30 +22,38 @@ const PATIENCE: Duration = Duration::from_secs(30);
 
 /// Runs the demo; with `serve`, keeps the nodes and their HTTP APIs up until ctrl-c.
 pub async fn run(serve: bool) -> anyhow::Result<()> {
-    let nodes = tokio::time::timeout(Duration::from_secs(60), demo())
+    let daemons = tokio::time::timeout(Duration::from_secs(60), demo())
         .await
         .context("the demo did not finish within 60 s")??;
     if serve {
         println!("\nserving until ctrl-c (try: curl -T FILE URL/objects/KEY, curl URL/status)");
         tokio::signal::ctrl_c().await?;
     }
-    for node in &nodes {
-        node.close().await;
+    for daemon in daemons {
+        daemon.shutdown().await?;
     }
     Ok(())
 }
 
-async fn demo() -> anyhow::Result<Vec<Node>> {
-    let nodes = (0..NODES)
-        .map(|_| {
-            let node = Node::bind(
-                NodeConfig::new(Keypair::generate()),
-                "127.0.0.1:0".parse().expect("valid literal"),
-            )?;
-            node.handle(ECHO, |_, body: Bytes| async move { Ok(body) })?;
-            Ok(node)
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+/// Starts a node with its object service (in-memory store) and HTTP API on loopback.
+async fn start_daemon() -> anyhow::Result<Daemon> {
+    let loopback: SocketAddr = "127.0.0.1:0".parse().expect("valid literal");
+    let daemon = Daemon::builder(ObjectConfig::default())
+        .http(loopback)
+        .bind(loopback, |_| {})
+        .await?;
+    daemon
+        .node()
+        .handle(ECHO, |_, body: Bytes| async move { Ok(body) })?;
+    Ok(daemon)
+}
+
+async fn demo() -> anyhow::Result<Vec<Daemon>> {
+    let mut daemons = Vec::with_capacity(NODES);
+    for _ in 0..NODES {
+        daemons.push(start_daemon().await?);
+    }
+    let nodes: Vec<Node> = daemons.iter().map(|daemon| daemon.node().clone()).collect();
     let ids: Vec<PeerId> = nodes.iter().map(Node::peer_id).collect();
     println!("meshwire demo: {NODES} nodes on loopback\n");
     println!("node  peer id      address");
@@ -86,7 +94,15 @@ async fn demo() -> anyhow::Result<Vec<Node>> {
     rows.push(("requests", requests(&nodes, &ids).await?));
     rows.push(("fan-out", fanout(&nodes, &ids).await?));
     rows.push(("throughput", bulk(&nodes[0], &nodes[1]).await?));
-    let urls = http_api(&nodes).await?;
+    let urls = daemons
+        .iter()
+        .map(|daemon| {
+            daemon
+                .http_address()
+                .map(|address| format!("http://{address}"))
+                .context("a demo node has no HTTP API")
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     rows.push(("objects", objects(&urls).await?));
 
     println!("{:<12} result", "step");
@@ -97,24 +113,7 @@ async fn demo() -> anyhow::Result<Vec<Node>> {
     for (index, url) in urls.iter().enumerate() {
         println!("n{index:<4} {url}");
     }
-    Ok(nodes)
-}
-
-/// Starts the object service (in-memory store) and the HTTP API of every node on loopback.
-async fn http_api(nodes: &[Node]) -> anyhow::Result<Vec<String>> {
-    let mut urls = Vec::new();
-    for node in nodes {
-        let store = Store::in_memory(meshwire_objects::net::store::DEFAULT_CACHE_BYTES)?;
-        let service = ObjectService::new(node.clone(), store, ObjectConfig::default(), None)?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        urls.push(format!("http://{}", listener.local_addr()?));
-        tokio::spawn(meshwire_objects::net::http::serve(
-            listener,
-            service,
-            std::future::pending(),
-        ));
-    }
-    Ok(urls)
+    Ok(daemons)
 }
 
 /// PUTs a 4 KiB object through n0 and GETs it through n3 with a quorum read.

@@ -11,7 +11,8 @@ use anyhow::Context;
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
 use meshwire::protocols::ECHO;
-use meshwire::{ConnectionEvent, Keypair, Node};
+use meshwire::{ConnectionEvent, Keypair};
+use meshwire_objects::net::Daemon;
 
 use crate::settings::{NodeArgs, Settings};
 
@@ -82,36 +83,17 @@ fn main() -> anyhow::Result<()> {
 
 async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     let settings = Settings::load(&args)?;
-    let keypair = Keypair::load_or_create(&settings.data_dir)?;
-    let mut config = meshwire::NodeConfig::new(keypair);
-    settings.apply(&mut config);
-    let node = Node::bind(config, settings.listen)
-        .with_context(|| format!("cannot start a node on {}", settings.listen))?;
+    let daemon = Daemon::builder(settings.objects)
+        .data_dir(&settings.data_dir)
+        .http(settings.http)
+        .bind(settings.listen, |config| settings.apply(config))
+        .await?;
+    let node = daemon.node().clone();
     node.handle(ECHO, |_, body: Bytes| async move { Ok(body) })?;
-    let store_path = settings.data_dir.join("objects.redb");
-    let store = meshwire_objects::net::store::Store::open(
-        &store_path,
-        meshwire_objects::net::store::DEFAULT_CACHE_BYTES,
-    )
-    .with_context(|| format!("cannot open the object store {}", store_path.display()))?;
-    let objects =
-        meshwire_objects::net::ObjectService::new(node.clone(), store, settings.objects, None)?;
-    let listener = tokio::net::TcpListener::bind(settings.http)
-        .await
-        .with_context(|| format!("cannot listen for HTTP on {}", settings.http))?;
-    let http_address = listener.local_addr()?;
-    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let http = tokio::spawn(meshwire_objects::net::http::serve(
-        listener,
-        objects,
-        async move {
-            let _ = http_stopped.await;
-        },
-    ));
     tracing::info!(
         peer_id = %node.peer_id(),
         address = %node.local_addr()?,
-        http = %format!("http://{http_address}"),
+        http = %format!("http://{}", daemon.http_address().unwrap_or(settings.http)),
         "node running; stop with ctrl-c"
     );
     let mut events = node.events();
@@ -152,8 +134,6 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
         }
     }
     tracing::info!("shutting down");
-    let _ = stop_http.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(2), http).await;
-    node.close().await;
+    daemon.shutdown().await?;
     Ok(())
 }

@@ -1,8 +1,10 @@
-//! The object service over a [`meshwire::Node`], its redb store and its HTTP API.
+//! The object service over a [`meshwire::Node`], its redb store, its HTTP API, and the daemon that assembles them.
 
+pub mod daemon;
 pub mod http;
 pub mod service;
 pub mod store;
 
-pub use service::{ObjectConfig, ObjectService, ObjectServiceError};
+pub use daemon::{Daemon, DaemonBuilder, DaemonError};
+pub use service::{ObjectConfig, ObjectService, ObjectServiceError, ReplicaError};
 pub use store::{Store, StoreError, StoredObject};

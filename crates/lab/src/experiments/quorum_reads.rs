@@ -5,7 +5,8 @@
 //! objects (as every Zold node can serve any wallet). Each server sits at its own one-way latency
 //! from the client, drawn uniformly from `[min_latency_ms, max_latency_ms]`; a healthy server adds
 //! a service time drawn per (server, key) from `[0, service_ms_max]`; `slow` servers answer after
-//! `slow_ms`; `dead` servers never start. The client runs the real [`ObjectService::fetch_from`]
+//! `slow_ms`; `dead` servers never start. The client runs the real
+//! [`ObjectService::fetch_from`](meshwire_objects::net::ObjectService::fetch_from)
 //! (the quorum driver the daemon uses) with the case's policy, starting `reads_per_s` reads per
 //! second until `reads` are done, each asking for the full object from all servers as candidates.
 //!
@@ -24,8 +25,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use meshwire::protocols::OBJECT_FETCH;
 use meshwire::PeerId;
-use meshwire_objects::net::store::Store;
-use meshwire_objects::net::{ObjectConfig, ObjectService};
+use meshwire_objects::net::{Daemon, ObjectConfig};
 use meshwire_objects::proto::object::{content_hash, FetchMode, Stamp};
 use meshwire_objects::proto::quorum::{Policy, QuorumConfig};
 use rand::rngs::SmallRng;
@@ -212,12 +212,16 @@ pub fn run(
                     std::future::pending::<()>().await;
                 }
                 let (node, _) = context.start_node(context.node_config()).await?;
-                let store = Store::in_memory(0)?;
+                let daemon = Daemon::builder(ObjectConfig::default())
+                    .cache_bytes(0)
+                    .start(node.clone())
+                    .await?;
+                let service = daemon.service().clone();
                 for key in 0..reads {
-                    store.put(&object_key(key), stamp, content.clone())?;
+                    service
+                        .store()
+                        .put(&object_key(key), stamp, content.clone())?;
                 }
-                let service =
-                    ObjectService::new(node.clone(), store, ObjectConfig::default(), None)?;
                 let name = context.name.clone();
                 let seed = context.seed;
                 // Fetches are served here instead, after each host's service time.
@@ -268,12 +272,12 @@ pub fn run(
     let client_ids = ids.clone();
     lab.client("client", move |context| async move {
         let (node, _) = context.start_node(context.node_config()).await?;
-        let service = ObjectService::new(
-            node.clone(),
-            Store::in_memory(0)?,
-            ObjectConfig::default(),
-            Some(derive_seed(context.seed, "client", 9)),
-        )?;
+        let daemon = Daemon::builder(ObjectConfig::default())
+            .cache_bytes(0)
+            .seed(derive_seed(context.seed, "client", 9))
+            .start(node.clone())
+            .await?;
+        let service = daemon.service().clone();
         for (peer, address) in client_ids.iter().zip(&addresses) {
             node.add_peer(*address, *peer)?;
         }

@@ -21,7 +21,6 @@
 //! Each request has a deadline covering the whole exchange; no read ever waits on a peer beyond it.
 //! The node-to-node messages are in [`crate::proto::object`].
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,7 +30,6 @@ use crate::proto::object::{
 };
 use crate::proto::quorum::{Outcome, PeerScores, Policy, QuorumConfig, QuorumError, ScoreConfig};
 use bytes::Bytes;
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use meshwire::protocols::{OBJECT_FETCH as FETCH, OBJECT_STORE as STORE};
 use meshwire::{HandlerError, Node, PeerId, SubscribeError};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -41,6 +39,11 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use super::store::{Store, StoreError, StoredObject};
+
+mod drive;
+
+pub use drive::ReplicaError;
+use drive::{drive, now, Leftover};
 
 /// Settings of the object service.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -184,10 +187,6 @@ struct Inner {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn now() -> std::time::Instant {
-    tokio::time::Instant::now().into_std()
 }
 
 impl ObjectService {
@@ -393,25 +392,19 @@ impl ObjectService {
             let key = key_owned.clone();
             async move {
                 let held = if peer == me {
-                    service
-                        .inner
-                        .store
-                        .put(&key, stamp, content)
-                        .map_err(|e| e.to_string())?
-                        .version
+                    service.inner.store.put(&key, stamp, content)?.version
                 } else {
                     let reply = service
                         .inner
                         .node
                         .request(peer, STORE, message, service.inner.config.deadline)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    decode_stored(&reply).map_err(|e| e.to_string())?
+                        .await?;
+                    decode_stored(&reply)?
                 };
                 if held >= stamp.version {
                     Ok(())
                 } else {
-                    Err(format!("replica kept the older version {held}"))
+                    Err(ReplicaError::Stale { held })
                 }
             }
         };
@@ -421,7 +414,7 @@ impl ObjectService {
             // fanout = R: every replica is asked at once; the plan ends at W acks.
             scores.plan(config, &replicas, now(), &mut *rng)?
         };
-        let (acks, outcome) = self.drive(plan, ask, Leftover::Finish).await;
+        let (acks, outcome) = drive(&self.inner.scores, plan, ask, Leftover::Finish).await;
         if !outcome.reached(self.inner.config.write_quorum) {
             return Err(ObjectServiceError::QuorumNotReached {
                 needed: self.inner.config.write_quorum,
@@ -456,21 +449,22 @@ impl ObjectService {
         let service = self.clone();
         let max = self.inner.config.max_object_bytes;
         let attempt_deadline = config.deadline;
+        let key_owned = key.to_string();
         let ask = move |peer: PeerId| {
             let service = service.clone();
             let request = request.clone();
+            let key = key_owned.clone();
             async move {
                 let reply = if peer == me {
-                    service.serve_fetch(&request).map_err(|e| e.to_string())?
+                    encode_fetched(mode, service.inner.store.get(&key)?.as_ref())
                 } else {
                     service
                         .inner
                         .node
                         .request(peer, FETCH, request, attempt_deadline)
-                        .await
-                        .map_err(|e| e.to_string())?
+                        .await?
                 };
-                let fetched = decode_fetched(mode, &reply, max).map_err(|e| e.to_string())?;
+                let fetched = decode_fetched(mode, &reply, max)?;
                 Ok(match fetched {
                     Fetched::Absent => Fetched::Absent,
                     Fetched::Present { stamp, content } => Fetched::Present {
@@ -480,7 +474,7 @@ impl ObjectService {
                 })
             }
         };
-        let (copies, outcome) = self.drive(plan, ask, Leftover::Cancel).await;
+        let (copies, outcome) = drive(&self.inner.scores, plan, ask, Leftover::Cancel).await;
         self.inner
             .metrics
             .requests_per_read
@@ -611,95 +605,25 @@ impl ObjectService {
         message.extend_from_slice(&object.content);
         let message = Bytes::from(message);
         for peer in stale {
-            let result = if peer == me {
+            let result: Result<(), ReplicaError> = if peer == me {
                 self.inner
                     .store
                     .put(&key, object.stamp, object.content.clone())
                     .map(|_| ())
-                    .map_err(|e| e.to_string())
+                    .map_err(ReplicaError::from)
             } else {
                 self.inner
                     .node
                     .request(peer, STORE, message.clone(), self.inner.config.deadline)
                     .await
                     .map(|_| ())
-                    .map_err(|e| e.to_string())
+                    .map_err(ReplicaError::from)
             };
             if let Err(error) = result {
                 tracing::debug!(peer = %peer.short(), %key, %error, "read repair failed");
             }
         }
     }
-
-    /// Runs `plan`, asking peers with `ask`, until it is done. Returns the answers and the outcome;
-    /// requests still in flight are cancelled (reads) or left to finish in the background (writes).
-    async fn drive<T, F, Fut>(
-        &self,
-        mut plan: crate::proto::quorum::QuorumPlan<PeerId>,
-        ask: F,
-        leftover: Leftover,
-    ) -> (Vec<(PeerId, T)>, Outcome)
-    where
-        T: Send + 'static,
-        F: Fn(PeerId) -> Fut,
-        Fut: Future<Output = Result<T, String>> + Send + 'static,
-    {
-        let mut in_flight = FuturesUnordered::new();
-        let mut answers = Vec::new();
-        loop {
-            let at = now();
-            while let Some(peer) = plan.poll_ask(at) {
-                let request = ask(peer);
-                let sent = tokio::time::Instant::now();
-                in_flight.push(async move { (peer, sent, request.await) });
-            }
-            if let Some(outcome) = plan.outcome() {
-                let at = tokio::time::Instant::now();
-                match leftover {
-                    Leftover::Cancel => {
-                        let mut scores = lock(&self.inner.scores);
-                        for (peer, sent) in plan.pending() {
-                            scores.record_unanswered(peer, at.into_std() - sent);
-                        }
-                    }
-                    Leftover::Finish if !in_flight.is_empty() => {
-                        tokio::spawn(async move { while in_flight.next().await.is_some() {} });
-                    }
-                    Leftover::Finish => {}
-                }
-                return (answers, outcome);
-            }
-            let wake = plan
-                .poll_timeout()
-                .map(tokio::time::Instant::from_std)
-                .unwrap_or_else(tokio::time::Instant::now);
-            tokio::select! {
-                Some((peer, sent, result)) = in_flight.next() => {
-                    let at = tokio::time::Instant::now();
-                    let mut scores = lock(&self.inner.scores);
-                    match result {
-                        Ok(value) => {
-                            scores.record_success(peer, at - sent);
-                            plan.handle_answer(peer, at.into_std());
-                            answers.push((peer, value));
-                        }
-                        Err(error) => {
-                            tracing::debug!(peer = %peer.short(), %error, "replica request failed");
-                            scores.record_failure(peer, at - sent);
-                            plan.handle_failure(peer, at.into_std());
-                        }
-                    }
-                }
-                _ = tokio::time::sleep_until(wake) => {}
-            }
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Leftover {
-    Cancel,
-    Finish,
 }
 
 fn stamp_of<B>(fetched: &Fetched<B>) -> Option<Stamp> {

@@ -34,9 +34,18 @@ pub enum StoreError {
     /// The database file could not be opened or created.
     #[error("cannot open the object store: {0}")]
     Open(#[from] redb::DatabaseError),
-    /// A transaction, table or commit failed.
+    /// A transaction could not begin (boxed: redb's error is large).
+    #[error("object store transaction failed: {0}")]
+    Transaction(#[source] Box<redb::TransactionError>),
+    /// A table could not be opened.
+    #[error("object store table failed: {0}")]
+    Table(#[from] redb::TableError),
+    /// Reading or writing a record failed.
     #[error("object store failure: {0}")]
-    Storage(String),
+    Storage(#[from] redb::StorageError),
+    /// A transaction could not commit.
+    #[error("object store commit failed: {0}")]
+    Commit(#[from] redb::CommitError),
     /// A stored record is damaged: its hash does not match, or it is too short.
     #[error("object {key:?} is corrupt: {reason}")]
     Corrupt {
@@ -47,8 +56,10 @@ pub enum StoreError {
     },
 }
 
-fn storage(error: impl std::fmt::Display) -> StoreError {
-    StoreError::Storage(error.to_string())
+impl From<redb::TransactionError> for StoreError {
+    fn from(error: redb::TransactionError) -> Self {
+        Self::Transaction(Box::new(error))
+    }
 }
 
 /// A stored object's stamp and content.
@@ -134,10 +145,10 @@ impl Store {
 
     fn init(db: redb::Database, cache_bytes: usize) -> Result<Self, StoreError> {
         // Create the tables so readers never see them missing.
-        let txn = db.begin_write().map_err(storage)?;
-        txn.open_table(OBJECTS).map_err(storage)?;
-        txn.open_table(TOTALS).map_err(storage)?;
-        txn.commit().map_err(storage)?;
+        let txn = db.begin_write()?;
+        txn.open_table(OBJECTS)?;
+        txn.open_table(TOTALS)?;
+        txn.commit()?;
         Ok(Self {
             db,
             cache: Mutex::new(Cache {
@@ -158,9 +169,9 @@ impl Store {
         if let Some(object) = self.cache().get(key) {
             return Ok(Some(object));
         }
-        let txn = self.db.begin_read().map_err(storage)?;
-        let table = txn.open_table(OBJECTS).map_err(storage)?;
-        let Some(record) = table.get(key).map_err(storage)? else {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(OBJECTS)?;
+        let Some(record) = table.get(key)? else {
             return Ok(None);
         };
         let object = decode_record(key, record.value())?;
@@ -176,10 +187,10 @@ impl Store {
     /// Stores `content` under `key` with `stamp` if it wins over the stored copy (see the module
     /// docs). Returns the stamp the store holds afterwards. The caller has checked the hash.
     pub fn put(&self, key: &str, stamp: Stamp, content: Bytes) -> Result<Stamp, StoreError> {
-        let txn = self.db.begin_write().map_err(storage)?;
+        let txn = self.db.begin_write()?;
         let held = {
-            let mut table = txn.open_table(OBJECTS).map_err(storage)?;
-            let old = match table.get(key).map_err(storage)? {
+            let mut table = txn.open_table(OBJECTS)?;
+            let old = match table.get(key)? {
                 Some(record) => Some(record_header(key, record.value())?),
                 None => None,
             };
@@ -194,35 +205,26 @@ impl Store {
             record.extend_from_slice(&stamp.version.to_le_bytes());
             record.extend_from_slice(&stamp.hash);
             record.extend_from_slice(&content);
-            table.insert(key, record.as_slice()).map_err(storage)?;
-            let mut totals = txn.open_table(TOTALS).map_err(storage)?;
-            let total = totals
-                .get(CONTENT_BYTES)
-                .map_err(storage)?
-                .map_or(0, |v| v.value());
+            table.insert(key, record.as_slice())?;
+            let mut totals = txn.open_table(TOTALS)?;
+            let total = totals.get(CONTENT_BYTES)?.map_or(0, |v| v.value());
             let old_len = old.map_or(0, |(_, len)| len as u64);
             let new_total = (total + content.len() as u64).saturating_sub(old_len);
-            totals.insert(CONTENT_BYTES, new_total).map_err(storage)?;
+            totals.insert(CONTENT_BYTES, new_total)?;
             stamp
         };
-        txn.commit().map_err(storage)?;
+        txn.commit()?;
         self.cache().insert(key, StoredObject { stamp, content });
         Ok(held)
     }
 
     /// Objects and content bytes held.
     pub fn size(&self) -> Result<StoreSize, StoreError> {
-        let txn = self.db.begin_read().map_err(storage)?;
-        let objects = txn
-            .open_table(OBJECTS)
-            .map_err(storage)?
-            .len()
-            .map_err(storage)?;
+        let txn = self.db.begin_read()?;
+        let objects = txn.open_table(OBJECTS)?.len()?;
         let content_bytes = txn
-            .open_table(TOTALS)
-            .map_err(storage)?
-            .get(CONTENT_BYTES)
-            .map_err(storage)?
+            .open_table(TOTALS)?
+            .get(CONTENT_BYTES)?
             .map_or(0, |v| v.value());
         Ok(StoreSize {
             objects,

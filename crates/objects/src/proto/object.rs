@@ -21,7 +21,7 @@
 //! store response  [version u64]                          the version the replica now holds
 //! ```
 //!
-//! Merge (Zold's lesson, `seeds/002`: copies from untrusted nodes are compared, not taken on
+//! Merge (Zold's lesson, `docs/lessons.md`: copies from untrusted nodes are compared, not taken on
 //! faith): the highest version wins; among copies of that version with different contents, the one
 //! whose holders have the highest summed trust wins, then the most holders, then the smaller hash
 //! (so every reader picks the same copy).

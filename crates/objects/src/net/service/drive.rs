@@ -1,0 +1,105 @@
+//! Run a quorum plan over real requests: the plan decides, this sends, awaits and reads the clock.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use meshwire::{PeerId, RequestError};
+
+use crate::net::store::StoreError;
+use crate::proto::object::ObjectError;
+use crate::proto::quorum::{Outcome, PeerScores, QuorumPlan};
+
+use super::lock;
+
+/// Why one replica's part of a read or write failed; the plan counts it as that replica's failure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplicaError {
+    /// The request to the replica failed (refused, timed out, broken connection, handler error).
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// This node's own store failed, as a replica of the key.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The replica's answer is malformed or its content does not match its hash.
+    #[error(transparent)]
+    Malformed(#[from] ObjectError),
+    /// The replica kept an older version than the one written.
+    #[error("the replica kept the older version {held}")]
+    Stale {
+        /// The version it holds.
+        held: u64,
+    },
+}
+
+/// What happens to requests still in flight when a plan is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Leftover {
+    /// Drop them (reads): their peers get censored samples in the scores.
+    Cancel,
+    /// Let them finish in the background (writes), so every live replica gets the copy.
+    Finish,
+}
+
+/// The clock, read from tokio so virtual time (the lab, paused tests) applies.
+pub(super) fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// Runs `plan`, asking peers with `ask`, until it is done; replies update `scores` through the
+/// plan. Returns the answers and the outcome.
+pub(super) async fn drive<T, F, Fut>(
+    scores: &Mutex<PeerScores<PeerId>>,
+    mut plan: QuorumPlan<PeerId>,
+    ask: F,
+    leftover: Leftover,
+) -> (Vec<(PeerId, T)>, Outcome)
+where
+    T: Send + 'static,
+    F: Fn(PeerId) -> Fut,
+    Fut: Future<Output = Result<T, ReplicaError>> + Send + 'static,
+{
+    let mut in_flight = FuturesUnordered::new();
+    let mut answers = Vec::new();
+    loop {
+        let at = now();
+        while let Some(peer) = plan.poll_ask(at) {
+            let request = ask(peer);
+            in_flight.push(async move { (peer, request.await) });
+        }
+        if let Some(outcome) = plan.outcome() {
+            match leftover {
+                Leftover::Cancel => plan.cancel_pending(now(), &mut lock(scores)),
+                Leftover::Finish if !in_flight.is_empty() => {
+                    tokio::spawn(async move { while in_flight.next().await.is_some() {} });
+                }
+                Leftover::Finish => {}
+            }
+            return (answers, outcome);
+        }
+        let wake = plan
+            .poll_timeout()
+            .map(tokio::time::Instant::from_std)
+            .unwrap_or_else(tokio::time::Instant::now);
+        tokio::select! {
+            Some((peer, result)) = in_flight.next() => {
+                let at = now();
+                let mut scores = lock(scores);
+                match result {
+                    Ok(value) => {
+                        if plan.on_answer(peer, at, &mut scores) {
+                            answers.push((peer, value));
+                        }
+                    }
+                    Err(error) => {
+                        tracing::debug!(peer = %peer.short(), %error, "replica request failed");
+                        plan.on_failure(peer, at, &mut scores);
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(wake) => {}
+        }
+    }
+}

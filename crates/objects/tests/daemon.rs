@@ -1,0 +1,283 @@
+//! Daemons assembled on loopback: replication through the HTTP API, refusals, restarts, shutdown.
+#![cfg(feature = "net")]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use meshwire::protocols::{OBJECT_FETCH as FETCH, OBJECT_STORE as STORE};
+use meshwire::RequestError;
+use meshwire_objects::net::{Daemon, DaemonError, ObjectConfig, ObjectServiceError};
+use meshwire_objects::proto::object::{self, content_hash, Stamp};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How long a test waits for a mesh to form before it gives up.
+const PATIENCE: Duration = Duration::from_secs(20);
+const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+
+fn loopback() -> SocketAddr {
+    "127.0.0.1:0".parse().expect("valid literal")
+}
+
+async fn start(objects: ObjectConfig, data_dir: Option<&Path>) -> Result<Daemon, DaemonError> {
+    let mut builder = Daemon::builder(objects).http(loopback());
+    if let Some(dir) = data_dir {
+        builder = builder.data_dir(dir);
+    }
+    builder.bind(loopback(), |_| {}).await
+}
+
+/// Three daemons with the default settings (R = 3, W = 2, read quorum 2), every pair connected.
+async fn cluster() -> Vec<Daemon> {
+    let mut daemons = Vec::new();
+    for _ in 0..3 {
+        daemons.push(start(ObjectConfig::default(), None).await.unwrap());
+    }
+    for (index, daemon) in daemons.iter().enumerate() {
+        for other in &daemons[index + 1..] {
+            let address = other.node().local_addr().unwrap();
+            daemon
+                .node()
+                .connect(address, other.node().peer_id())
+                .await
+                .unwrap();
+        }
+    }
+    tokio::time::timeout(PATIENCE, async {
+        while daemons
+            .iter()
+            .any(|daemon| daemon.node().connected_peers().len() < 2)
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the three daemons connect");
+    daemons
+}
+
+async fn shutdown(daemons: Vec<Daemon>) {
+    for daemon in daemons {
+        daemon.shutdown().await.unwrap();
+    }
+}
+
+/// One HTTP/1.1 exchange with `Connection: close`: the status and the body.
+async fn http(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body).await?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no header end"))?;
+    let status = std::str::from_utf8(&raw[..split])
+        .ok()
+        .and_then(|head| head.split_whitespace().nth(1))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no status line"))?;
+    Ok((status, raw[split + 4..].to_vec()))
+}
+
+fn error_code(body: &[u8]) -> String {
+    let json: serde_json::Value = serde_json::from_slice(body).expect("a JSON error body");
+    json["error"].as_str().unwrap_or_default().to_string()
+}
+
+fn wallet(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}
+
+#[tokio::test]
+async fn a_put_through_one_daemon_is_read_through_another() {
+    let daemons = cluster().await;
+    let content = wallet(10_000);
+    let put = http(
+        daemons[0].http_address().unwrap(),
+        "PUT",
+        "/objects/wallet-1",
+        &content,
+    )
+    .await
+    .unwrap();
+    assert_eq!(put.0, 201, "{}", String::from_utf8_lossy(&put.1));
+    let got = http(
+        daemons[2].http_address().unwrap(),
+        "GET",
+        "/objects/wallet-1",
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(got, (200, content.clone()));
+    // The service API of a third daemon agrees with the HTTP API.
+    let read = daemons[1].service().get("wallet-1").await.unwrap();
+    assert_eq!(read.object.content, content);
+    assert!(read.answers >= 2);
+    shutdown(daemons).await;
+}
+
+#[tokio::test]
+async fn malformed_requests_are_refused_with_typed_errors() {
+    let daemons = cluster().await;
+    let service = daemons[0].service();
+    assert!(matches!(
+        service.put("bad key!", Bytes::from_static(b"x")).await,
+        Err(ObjectServiceError::InvalidKey(_))
+    ));
+    let max = service.config().max_object_bytes;
+    assert!(matches!(
+        service.put("big", Bytes::from(vec![0u8; max + 1])).await,
+        Err(ObjectServiceError::TooLarge { len, max: limit }) if len == max + 1 && limit == max
+    ));
+    let (status, body) = http(
+        daemons[0].http_address().unwrap(),
+        "GET",
+        "/objects/bad%20key!",
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!((status, error_code(&body).as_str()), (400, "invalid_key"));
+
+    // Node-to-node: a garbage fetch, and a copy whose content does not match its hash.
+    let target = daemons[1].node().peer_id();
+    let asker = daemons[0].node();
+    let garbage = asker
+        .request(
+            target,
+            FETCH,
+            Bytes::from_static(&[0xff, 0, 1]),
+            REQUEST_DEADLINE,
+        )
+        .await;
+    assert!(
+        matches!(garbage, Err(RequestError::Remote(_))),
+        "{garbage:?}"
+    );
+    let forged = Stamp {
+        version: 7,
+        hash: content_hash(b"the real content"),
+    };
+    let mut message = object::encode_store_header("forged", &forged);
+    message.extend_from_slice(b"something else");
+    let refused = asker
+        .request(target, STORE, Bytes::from(message), REQUEST_DEADLINE)
+        .await;
+    assert!(
+        matches!(refused, Err(RequestError::Remote(_))),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        daemons[1].service().get_local("forged"),
+        Err(ObjectServiceError::NotFound)
+    ));
+    // The refusals left the daemons serving.
+    daemons[0]
+        .service()
+        .put("after", Bytes::from_static(b"fine"))
+        .await
+        .unwrap();
+    assert_eq!(
+        daemons[2]
+            .service()
+            .get("after")
+            .await
+            .unwrap()
+            .object
+            .content,
+        "fine"
+    );
+    shutdown(daemons).await;
+}
+
+#[tokio::test]
+async fn the_store_and_identity_survive_a_restart_with_the_same_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let alone = ObjectConfig {
+        replication: 1,
+        write_quorum: 1,
+        read_quorum: 1,
+        ..ObjectConfig::default()
+    };
+    let daemon = start(alone, Some(dir.path())).await.unwrap();
+    let peer_id = daemon.node().peer_id();
+    let written = daemon
+        .service()
+        .put("ledger", Bytes::from(wallet(5000)))
+        .await
+        .unwrap();
+    // A second daemon on the same data directory is refused while the first holds the store.
+    let second = Daemon::builder(alone)
+        .data_dir(dir.path())
+        .start(daemon.node().clone())
+        .await;
+    assert!(
+        matches!(second, Err(DaemonError::Store { .. })),
+        "{second:?}"
+    );
+    daemon.shutdown().await.unwrap();
+
+    let restarted = start(alone, Some(dir.path())).await.unwrap();
+    assert_eq!(restarted.node().peer_id(), peer_id);
+    let held = restarted.service().get_local("ledger").unwrap();
+    assert_eq!(held.stamp, written.stamp);
+    assert_eq!(held.content, wallet(5000));
+    let (status, body) = http(
+        restarted.http_address().unwrap(),
+        "GET",
+        "/objects/ledger",
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!((status, body), (200, wallet(5000)));
+    restarted.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_stops_the_http_api_and_the_node() {
+    let daemon = start(ObjectConfig::default(), None).await.unwrap();
+    let address = daemon.http_address().unwrap();
+    let node = daemon.node().clone();
+    assert_eq!(
+        http(address, "GET", "/status", b"").await.unwrap().0,
+        200,
+        "serving before the shutdown"
+    );
+    daemon.shutdown().await.unwrap();
+    assert!(
+        http(address, "GET", "/status", b"").await.is_err(),
+        "nothing answers HTTP after the shutdown"
+    );
+    let other = start(ObjectConfig::default(), None).await.unwrap();
+    let dial = node
+        .connect(other.node().local_addr().unwrap(), other.node().peer_id())
+        .await;
+    assert!(dial.is_err(), "a closed node dials no one: {dial:?}");
+    other.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn without_an_http_address_no_api_is_served() {
+    let daemon = Daemon::builder(ObjectConfig::default())
+        .bind(loopback(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(daemon.http_address(), None);
+    let local = daemon.service().get_local("nothing");
+    assert!(matches!(local, Err(ObjectServiceError::NotFound)));
+    daemon.shutdown().await.unwrap();
+}
