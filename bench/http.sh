@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # HTTP benchmarks of `meshwire node` (release build) on loopback, with wrk:
-#   1. GET of a 4 KiB object (the size of the seed's wallet, seeds/002): wrk -t2 -c10 -d10s.
+#   1. GET of a 4 KiB object (the size of the seed's wallet, docs/lessons.md): wrk -t2 -c10 -d10s.
 #      Targets: >= 20,000 requests/s and p99 <= 2 ms on a 2-core machine. The seed measured
 #      52 requests/s, p50 176 ms, p99 361 ms with `ab -c 10` against a Zold node over the internet.
 #   2. 250 concurrent clients GET one 5 MB object for 10 s: the node's peak RSS (VmHWM).

@@ -31,7 +31,7 @@ for (dsts, size), (a_ours, b_ours, a_naive, b_naive) in sorted(allocs.items(), k
     naive = mean_ns("naive", param) / int(dsts)
     print(f"| {dsts} | {size} | meshwire | {ours:.1f} | {a_ours} | {b_ours} | {naive / ours:.0f}x |")
     print(f"| {dsts} | {size} | naive | {naive:.1f} | {a_naive} | {b_naive} | 1x |")
-print("\nAnchors (seeds/004): Safe Network \"one WireMsg to 1,000 destinations\" 7.58 -> 265 MiB/s;")
+print("\nAnchors (docs/lessons.md): Safe Network \"one WireMsg to 1,000 destinations\" 7.58 -> 265 MiB/s;")
 print("node memory peak ~1,800 -> ~900 MB. Target: <= 100 ns and <= 1 allocation per destination for")
 print("1 MiB, >= 100x faster than the naive baseline.")
 PY
@@ -60,7 +60,7 @@ for run in runs:
     rss = field(run, r"VmHWM[^:]*:\s*(\d+ kB)")
     print(f"| {name} | {rps} | {p50} | {p99} | {rss} |")
 print("\nTargets (issue 7): 4 KiB GET >= 20,000 requests/s and p99 <= 2 ms; 250 clients on a 5 MB")
-print("object: node peak RSS <= 150 MB. Seed (seeds/002, Zold, ApacheBench -c 10 over the internet,")
+print("object: node peak RSS <= 150 MB. Seed (docs/lessons.md, Zold, ApacheBench -c 10 over the internet,")
 print("not loopback): 52 requests/s, p50 176 ms, p99 361 ms.")
 PY
 else

@@ -6,7 +6,7 @@
 //! all peers, every peer pulled it, validated it and advertised it again to all its peers. With 56
 //! replicas under 300 requests/s that made ~18K adverts per node per second and the subnet achieved
 //! 250 of 300 requests/s. Letting only the first receiver advertise ingress cut adverts to ~1.5K/s
-//! and achieved 295/300, while consensus artifacts kept full relay (`seeds/003`).
+//! and achieved 295/300, while consensus artifacts kept full relay (`docs/lessons.md`).
 //!
 //! Here every artifact belongs to a class with a [`ClassPolicy`](proto::ClassPolicy):
 //!

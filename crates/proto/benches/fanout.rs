@@ -1,6 +1,6 @@
 //! wire::fanout — one message to many destinations: meshwire's encode-once against a naive
 //! encoder that serialises the whole message per destination (the Safe Network's "before",
-//! seeds/004).
+//! docs/lessons.md).
 //!
 //! Before criterion's timing runs, the bench prints allocations and bytes allocated per
 //! destination for both, counted by the counting global allocator. Criterion then times one

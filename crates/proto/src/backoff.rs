@@ -3,7 +3,7 @@
 //! # Design
 //!
 //! The xx network's nodes reconnected on fixed, aggressive timers and flooded each other after an
-//! outage (`seeds/000`). Here attempt `n` (counting from 0) waits a uniformly random delay in
+//! outage (`docs/lessons.md`). Here attempt `n` (counting from 0) waits a uniformly random delay in
 //! `[floor, min(cap, floor · 2ⁿ)]` — "full jitter" between a floor and a cap — so peers that lost each
 //! other at the same moment spread their retries out, and the wait never exceeds `cap`.
 //!

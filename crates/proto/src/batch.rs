@@ -4,7 +4,7 @@
 //! # Design
 //!
 //! The xx network moved 4 Mbit batches (1000 payloads) as single HTTP/2 messages, so the receiver
-//! saw nothing until the last byte and the sender waited on flow-control windows (`seeds/000`).
+//! saw nothing until the last byte and the sender waited on flow-control windows (`docs/lessons.md`).
 //! Here a batch is a stream of records the receiver can act on as they arrive. One batch fills one
 //! QUIC unidirectional stream; every integer is little-endian:
 //!

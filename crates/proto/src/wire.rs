@@ -18,7 +18,7 @@
 //! in one shared 24-byte [`Bytes`] next to the caller's payload [`Bytes`]. Sending to a peer writes
 //! three chunks: the shared head, that peer's destination (a `Bytes` the driver makes once per peer)
 //! and the shared payload. Fan-out to a thousand peers therefore costs one encoding and reference-count
-//! increments; the payload is never copied (the Safe Network lesson, `seeds/004`).
+//! increments; the payload is never copied (the Safe Network lesson, `docs/lessons.md`).
 //!
 //! Decoding never copies: [`decode_body`] slices the received buffer. Every malformed input is a
 //! [`WireError`]; nothing here panics on bytes from a peer. The byte layout is frozen by the golden

@@ -2,7 +2,7 @@
 //!
 //! # Design
 //!
-//! NKN's NCP (`seeds/001`) stripes a session over many connections. Each connection's window grows
+//! NKN's NCP (`docs/lessons.md`) stripes a session over many connections. Each connection's window grows
 //! by one per ACK and halves per timed-out packet; NKP-0024 removed the per-connection cap of 256 and
 //! rescales all windows after every change so they sum to the session window (4 MiB / 1024 B = 4096
 //! packets), so that each connection's share follows its throughput. It took about 10 s to converge,
