@@ -3,9 +3,16 @@
 //! # Design
 //!
 //! `meshwire node` stores versioned objects, replicates them over its peers and serves them over HTTP.
-//! Code: [`proto::quorum`] (the sans-IO quorum planner), [`proto::object`] (placement,
-//! node-to-node messages, merge), and behind the `net` feature `net::store` (redb store),
-//! `net::service` (replication) and `net::http` (axum API).
+//! Code: the sans-IO part is [`proto::object`] (placement, node-to-node messages, merge) and
+//! [`proto::quorum`]: `quorum/scores.rs` ranks peers; `quorum/plan.rs` runs one request and keeps the
+//! driver's bookkeeping (`on_answer`, `on_failure` and `cancel_pending` update the peer scores with
+//! the injected `now`); `quorum/policy/{sequential,parallel_all,hedged}.rs` hold one policy each,
+//! behind a `Spread` trait. Behind the `net` feature: `net/service.rs` (replication, read repair)
+//! with its driver `net/service/drive.rs`, which only sends, awaits and reads the clock;
+//! `net/store.rs` (redb); `net/http.rs` (axum); and `net/daemon.rs`: `Daemon::builder(config)`
+//! assembles the identity, node, store (`objects.redb` in the data directory, or in memory),
+//! object service and optional HTTP API once, and has one `shutdown()`. `meshwire node`,
+//! `meshwire demo` and the lab's quorum-reads experiment all use it.
 //!
 //! ## Model
 //!
