@@ -128,6 +128,18 @@
 //!   config for both `UniConn`s), so NCP's ACKs are lost too; the runner's return hop is lossless.
 //! - classic two-latencies is +11.7% of the seed (inside ±15%); nkp24 base+3/base+4 −6.8%/−7.4%.
 //!
+//! - Over QUIC with CUBIC the seed-1 rows of `scenarios/session-quic.toml` sit on a knife edge (traced
+//!   when datagrams gained their one-byte protocol tag, which moved `direct+relay` from 3634 buffer
+//!   refusals to 4 and `direct+slow-relay` from 8399 to 0). In the bad state, drops on the lab's
+//!   byte-sized link queue grow the receiver's ACKs (SACK ranges), its ACK-only QUIC connection
+//!   bunches them (about 6 per packet), 16 ACKs land in one 1 ms tick, and meshwire's delivery-rate
+//!   sample (ACKs over their arrival span only) reads about 16,000 packets/s on a 1024 packets/s
+//!   path; the 2 s max filter keeps a ~1,980-packet window, the session fills quinn's 1 MiB datagram
+//!   buffer and each refusal becomes a loss and a resend, retried every millisecond. Over seeds 1–8
+//!   the storm happens in 7 of 8 with the tag and without it; BBR never enters it. Causes to fix: a
+//!   rate sample should divide by the larger of the ACK span and the send span (as BBR does), and a
+//!   `BufferFull` refusal should block the path rather than count as a loss.
+//!
 //! ## The `Session` API and relays (module `net`)
 //!
 //! ```rust,ignore

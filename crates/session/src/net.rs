@@ -94,7 +94,7 @@ pub struct SessionSettings {
     pub session_queue: usize,
     /// Datagrams queued for the host's router.
     pub inbound_queue: usize,
-    /// Accepted sessions waiting for [`SessionHost::accept`].
+    /// Accepted sessions waiting for [`SessionHost::incoming`].
     pub accept_queue: usize,
     /// What this node relays for others.
     pub relay: RelayLimits,

@@ -12,7 +12,7 @@
 //!   replicas are asked at once; the write succeeds as soon as W of them hold the version (or a
 //!   newer one). Requests still in flight then finish in the background, so every live replica
 //!   ends up with the copy.
-//! - **Read** (`get`): a [`QuorumPlan`] (policy from the configuration, hedged by default) asks
+//! - **Read** (`get`): a [`QuorumPlan`](crate::proto::quorum::QuorumPlan) (policy from the configuration, hedged by default) asks
 //!   replicas for *metadata* (version and hash) and returns at quorum. The copies are merged
 //!   ([`merge`]: version, then trust = 1 − error rate, then holders). The content comes from this
 //!   node's store when it holds the winner, else from one of the winner's holders (and the hash is

@@ -3,7 +3,7 @@
 //!
 //! Every host runs a tonic server over turmoil TCP and a tonic client to its successor in the
 //! ring. There is no code generation: [`BytesCodec`] passes message bytes through and
-//! [`TeamService`] routes paths to `tonic::server::Grpc` by hand, as generated code does, so the
+//! `TeamService` routes paths to `tonic::server::Grpc` by hand, as generated code does, so the
 //! wire is ordinary gRPC over HTTP/2 (length-prefixed messages, HEADERS/DATA frames, trailers,
 //! HTTP/2 flow control).
 //! - `grpc-unary-64k`: one unary call per batch and hop carrying the whole batch; HTTP/2 stream and
