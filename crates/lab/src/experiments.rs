@@ -48,6 +48,17 @@ impl Trial<'_> {
         })
     }
 
+    /// The policy under test, parsed as the experiment's policy type `P`.
+    pub fn policy<P>(&self) -> Result<P, ScenarioError>
+    where
+        P: std::str::FromStr,
+        P::Err: std::fmt::Display,
+    {
+        self.policy
+            .parse()
+            .map_err(|error: P::Err| self.failed(error.to_string()))
+    }
+
     /// A failure of this trial's case.
     pub fn failed(&self, reason: impl Into<String>) -> ScenarioError {
         ScenarioError::failed(self.case, reason)

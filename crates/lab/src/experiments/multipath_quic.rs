@@ -360,13 +360,7 @@ pub fn run(
     _progress: &mut dyn FnMut(Duration),
 ) -> Result<Metrics, ScenarioError> {
     let (case, seed) = (trial.case, trial.seed);
-    let policy: Policy =
-        trial
-            .policy
-            .parse()
-            .map_err(|error: meshwire_session::proto::SessionError| {
-                ScenarioError::failed(case, error.to_string())
-            })?;
+    let policy: Policy = trial.policy()?;
     let params: Params = trial.params()?;
     let direct = link(case, &params.direct)?;
     let relay = params

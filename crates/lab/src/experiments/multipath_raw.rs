@@ -115,10 +115,7 @@ pub fn run(
 ) -> Result<Metrics, ScenarioError> {
     let (case, seed) = (trial.case, trial.seed);
     let fail = |reason: String| ScenarioError::failed(case, reason);
-    let policy: Policy = trial
-        .policy
-        .parse()
-        .map_err(|e: meshwire_session::proto::SessionError| fail(e.to_string()))?;
+    let policy: Policy = trial.policy()?;
     let params: Params = trial.params()?;
     let paths = &params.paths;
     if paths.is_empty() {

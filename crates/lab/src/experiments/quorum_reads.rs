@@ -127,13 +127,7 @@ pub fn run(
     progress: &mut dyn FnMut(Duration),
 ) -> Result<Metrics, ScenarioError> {
     let (case, seed) = (trial.case, trial.seed);
-    let policy: Policy =
-        trial
-            .policy
-            .parse()
-            .map_err(|error: meshwire_objects::proto::quorum::QuorumError| {
-                ScenarioError::failed(case, error.to_string())
-            })?;
+    let policy: Policy = trial.policy()?;
     let params: Params = trial.params()?;
     let servers = params.servers as usize;
     let slow = params.slow as usize;

@@ -140,21 +140,11 @@ impl OutboundQueue {
             .bytes
             .clone()
             .try_acquire_many_owned(len)
-            .map_err(|_| SendError::QueueFull {
-                peer,
-                payload: message.payload().clone(),
-            })?;
+            .map_err(|_| queue_full(peer, message))?;
         let item = Outbound::new(message, dst, permit);
-        let payload = || message.payload().clone();
         self.tx.try_send(item).map_err(|error| match error {
-            mpsc::error::TrySendError::Full(_) => SendError::QueueFull {
-                peer,
-                payload: payload(),
-            },
-            mpsc::error::TrySendError::Closed(_) => SendError::UnknownPeer {
-                peer,
-                payload: payload(),
-            },
+            mpsc::error::TrySendError::Full(_) => queue_full(peer, message),
+            mpsc::error::TrySendError::Closed(_) => unknown_peer(peer, message),
         })
     }
 
@@ -322,6 +312,13 @@ impl Inner {
         while queue.try_recv().is_ok() {
             self.metrics.drop_message("peer_removed");
         }
+    }
+}
+
+fn queue_full(peer: PeerId, message: &EncodedMessage) -> SendError {
+    SendError::QueueFull {
+        peer,
+        payload: message.payload().clone(),
     }
 }
 
