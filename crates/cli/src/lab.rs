@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use meshwire_lab::{experiments, run_scenario, Mode, ScenarioFile, EXPERIMENTS};
+use meshwire_lab::{experiments, run_scenario, Mode, ScenarioFile, Sweep, EXPERIMENTS};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum LabCommand {
@@ -22,6 +22,24 @@ pub enum LabCommand {
         /// virtual time. Not deterministic; crash and restart events are not supported.
         #[arg(long)]
         realtime: bool,
+    },
+    /// Run an experiment over randomly drawn cases and report each result's ratio to its
+    /// physical floor: per case, per policy's distribution, and the worst cases.
+    Sweep {
+        /// The sweep file (see scenarios/sweeps/).
+        file: PathBuf,
+        /// How many cases to draw (default: the file's `cases`).
+        #[arg(long)]
+        cases: Option<usize>,
+        /// Override the sweep's seed (same seed, same cases, same report).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Print exactly one JSON object instead of tables.
+        #[arg(long)]
+        json: bool,
+        /// Print case K as an ordinary scenario file (to rerun and debug it alone) and exit.
+        #[arg(long, value_name = "K")]
+        print_case: Option<usize>,
     },
     /// Run every scenario in a directory and write the scoreboard (docs/RESULTS.md).
     Results {
@@ -69,6 +87,46 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
                 println!("{}", report.to_json());
             } else {
                 print!("{}", report.to_table());
+            }
+            Ok(())
+        }
+        LabCommand::Sweep {
+            file,
+            cases,
+            seed,
+            json,
+            print_case,
+        } => {
+            let sweep = Sweep::load(&file)?;
+            let seed = seed.unwrap_or(sweep.file().seed);
+            if let Some(index) = print_case {
+                print!("{}", sweep.case_text(seed, index));
+                return Ok(());
+            }
+            let cases = cases.unwrap_or(sweep.file().cases);
+            if cases == 0 {
+                anyhow::bail!("--cases must be at least 1");
+            }
+            let show_progress = std::io::stderr().is_terminal();
+            let report = sweep.run(seed, cases, |progress| {
+                if show_progress {
+                    eprint!(
+                        "\r\x1b[2K[{}/{}] {}: {:.1} s",
+                        progress.done,
+                        progress.total,
+                        progress.trial,
+                        progress.elapsed.as_secs_f64()
+                    );
+                    let _ = std::io::stderr().flush();
+                }
+            });
+            if show_progress {
+                eprint!("\r\x1b[2K");
+            }
+            if json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.to_table(&file.display().to_string()));
             }
             Ok(())
         }

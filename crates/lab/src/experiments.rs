@@ -107,9 +107,59 @@ pub struct Experiment {
     pub workloads: &'static [Workload],
     /// Whether it also runs on real sockets in real time (`--realtime`).
     pub realtime: bool,
+    /// Its physical floors: which measured metric each bounds from below.
+    pub floors: &'static [Floor],
     /// Runs one case under one policy.
     pub run: Runner,
 }
+
+/// A physical floor: a metric no run can beat, emitted by the experiment's runner beside the
+/// metric it bounds, computed from the case's links and parameters (each experiment documents
+/// its floors next to the code that computes them). Both metrics are lower-is-better, so
+/// `metric / floor` is at least 1; it is the ratio sweeps report.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Floor {
+    /// The ratio's name in reports, e.g. `hop_p50`.
+    pub name: &'static str,
+    /// The measured metric.
+    pub metric: &'static str,
+    /// The metric that holds the floor for it.
+    pub floor: &'static str,
+    /// How far, in the metric's unit, a measurement may fall below the floor: the lab delivers
+    /// on 1 ms ticks, so a time can come in a tick under its floor.
+    pub tick: f64,
+}
+
+impl Floor {
+    const fn new(name: &'static str, metric: &'static str, floor: &'static str, tick: f64) -> Self {
+        Self {
+            name,
+            metric,
+            floor,
+            tick,
+        }
+    }
+
+    /// `metric / floor` in `metrics`, when both are there and the floor is positive.
+    pub fn ratio(&self, metrics: &Metrics) -> Option<f64> {
+        let metric = metrics.get(self.metric).copied()?;
+        let floor = metrics.get(self.floor).copied()?;
+        (floor > 0.0 && metric.is_finite() && floor.is_finite()).then(|| metric / floor)
+    }
+
+    /// Whether `metrics` beat the floor by more than the tick (a floor or measurement bug).
+    pub fn beaten(&self, metrics: &Metrics) -> bool {
+        match (metrics.get(self.metric), metrics.get(self.floor)) {
+            (Some(metric), Some(floor)) => *metric < *floor - self.tick,
+            _ => false,
+        }
+    }
+}
+
+/// A millisecond metric's tick.
+const MS_TICK: f64 = 1.0;
+/// A second metric's tick.
+const S_TICK: f64 = 0.001;
 
 impl Experiment {
     /// The workload called `name`.
@@ -139,6 +189,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
             ),
         ],
         realtime: true,
+        floors: &[],
         run: calibration::run,
     },
     Experiment {
@@ -150,6 +201,15 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "one message from a sender to every receiver",
         )],
         realtime: false,
+        floors: &[
+            Floor::new("heap", "sender_heap_peak_bytes", "heap_floor_bytes", 0.0),
+            Floor::new(
+                "completion",
+                "completion_ms",
+                "completion_floor_ms",
+                MS_TICK,
+            ),
+        ],
         run: fanout::run,
     },
     Experiment {
@@ -162,6 +222,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "ingress, blocks and shares in a full mesh",
         )],
         realtime: false,
+        floors: &[Floor::new(
+            "bytes",
+            "received_bytes_per_node",
+            "distinct_bytes_per_node",
+            0.0,
+        )],
         run: gossip::run,
     },
     Experiment {
@@ -181,6 +247,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
             },
         ],
         realtime: false,
+        floors: &[Floor::new(
+            "transfer",
+            "transfer_s",
+            "ideal_transfer_s",
+            S_TICK,
+        )],
         run: multipath_raw::run,
     },
     Experiment {
@@ -192,6 +264,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "send `mib` MiB from a to b",
         )],
         realtime: false,
+        floors: &[Floor::new(
+            "transfer",
+            "transfer_s",
+            "ideal_transfer_s",
+            S_TICK,
+        )],
         run: multipath_quic::run,
     },
     Experiment {
@@ -203,6 +281,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "echo requests to random peers",
         )],
         realtime: false,
+        floors: &[],
         run: lab_cost::run,
     },
     Experiment {
@@ -219,6 +298,10 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "hop transfer, ring ping and batches round the ring",
         )],
         realtime: false,
+        floors: &[
+            Floor::new("hop_p50", "hop_transfer_ms_p50", "hop_floor_ms", MS_TICK),
+            Floor::new("hop_p99", "hop_transfer_ms_p99", "hop_floor_ms", MS_TICK),
+        ],
         run: ring_batches::run,
     },
     Experiment {
@@ -230,6 +313,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "reads at a fixed rate, each at quorum",
         )],
         realtime: false,
+        floors: &[Floor::new("p99", "fetch_ms_p99", "ideal_ms_p99", MS_TICK)],
         run: quorum_reads::run,
     },
 ];

@@ -10,7 +10,10 @@
 //! experiment is one module under [`experiments`], registered in [`EXPERIMENTS`] under the
 //! scenario `kind` that selects it, with its policies, workloads and typed parameters. Scenario
 //! files (`scenarios/*.toml`, format in `docs/scenarios.md`) are checked against that table when
-//! loaded; [`run_scenario`] runs one and returns its [`Report`].
+//! loaded; [`run_scenario`] runs one and returns its [`Report`], where every metric an
+//! experiment bounds by a physical floor ([`experiments::Floor`]) also has its ratio to that floor,
+//! `<floor>_over_floor`. [`sweep`] runs an experiment over randomly drawn cases and reports those
+//! ratios' distributions.
 
 pub mod experiments;
 pub mod lab;
@@ -18,6 +21,7 @@ pub mod link;
 pub mod scenario;
 pub mod socket;
 pub mod stats;
+pub mod sweep;
 
 use std::time::Duration;
 
@@ -26,6 +30,7 @@ pub use lab::{HostContext, Lab, LabError, LabEvent};
 pub use link::{LinkSpec, Rate};
 pub use scenario::{CaseResult, Report, ScenarioError, ScenarioFile};
 pub use socket::{LabSocket, Network, SocketStats};
+pub use sweep::{Sweep, SweepError, SweepReport};
 
 /// How to run a scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +76,15 @@ pub fn run_scenario(
                 policy,
                 mode,
             };
-            let metrics = (experiment.run)(&trial, &mut tick)?;
+            let mut metrics = (experiment.run)(&trial, &mut tick)?;
+            for floor in experiment.floors {
+                if let Some(ratio) = floor.ratio(&metrics) {
+                    metrics.insert(
+                        format!("{}_over_floor", floor.name),
+                        stats::round_metric(ratio),
+                    );
+                }
+            }
             report.results.push(CaseResult {
                 case: case.name.clone(),
                 policy: policy.clone(),

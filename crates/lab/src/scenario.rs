@@ -140,10 +140,14 @@ impl LinkFile {
             (Some(mbit), None) if mbit > 0.0 => Rate::BitsPerSec((mbit * 1e6) as u64),
             (None, Some(packets)) if packets > 0 => Rate::PacketsPerSec(packets),
             (None, None) => Rate::Unlimited,
-            _ => return Err("rates must be positive".into()),
+            (Some(mbit), None) => return Err(format!("rate_mbit_per_s {mbit} is not positive")),
+            (None, Some(_)) => return Err("rate_packets_per_s 0 is not positive".into()),
         };
         if !(0.0..1.0).contains(&self.loss) {
             return Err(format!("loss {} is not in [0, 1)", self.loss));
+        }
+        if !(self.latency_ms < 3_600_000 && self.jitter_ms < 3_600_000) {
+            return Err("latency_ms and jitter_ms must be under an hour".into());
         }
         let bytes_per_rtt = match rate {
             Rate::BitsPerSec(bits) => {

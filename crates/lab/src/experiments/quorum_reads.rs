@@ -12,9 +12,11 @@
 //!
 //! Metrics: `fetch_ms_p50`, `fetch_ms_p99` (start of the read to the end of its plan),
 //! `quorum_ratio` (reads that reached quorum), `requests_per_read` (replica requests made), and
-//! `ideal_ms_p99`: per read, the round trip plus service time of the `quorum`-th fastest healthy
-//! server — when that read could have finished at the earliest — then the p99 over reads;
-//! `p99_over_ideal` is their ratio and `floor_gap_ms_min` the smallest `fetch − floor` of any read
+//! `ideal_ms_p99`, the physical floor: per read, the round trip plus service time of the
+//! `quorum`-th fastest live server (a slow server's service time is `slow_ms`, so when fewer than
+//! `quorum` servers are healthy the floor waits for slow ones) — when that read could have
+//! finished at the earliest — then the p99 over reads;
+//! (the lab adds their ratio, `p99_over_floor`) and `floor_gap_ms_min` the smallest `fetch − floor` of any read
 //! (a check on the floor: the lab's 1 ms ticks allow a tick or two below it).
 
 use std::cell::RefCell;
@@ -67,15 +69,19 @@ fn service_time(seed: u64, server: &str, key: &str, max_ms: u64) -> Duration {
 }
 
 /// `quorum-reads` parameters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Params {
     /// Server hosts, each holding every object.
     pub servers: u64,
-    /// Servers that answer after `slow_ms`.
-    pub slow: u64,
-    /// Servers that never start.
-    pub dead: u64,
+    /// Servers that answer after `slow_ms` (default 4; exclusive with `slow_percent`).
+    pub slow: Option<u64>,
+    /// Servers that answer after `slow_ms`, as a percentage of `servers`, rounded down.
+    pub slow_percent: Option<f64>,
+    /// Servers that never start (default 1; exclusive with `dead_percent`).
+    pub dead: Option<u64>,
+    /// Servers that never start, as a percentage of `servers`, rounded down.
+    pub dead_percent: Option<f64>,
     /// A slow server's answer time.
     pub slow_ms: u64,
     /// Least one-way latency from the client to a server.
@@ -100,12 +106,35 @@ pub struct Params {
     pub warmup_ms: u64,
 }
 
+impl Params {
+    /// A count given directly or as a percentage of the servers (not both; `default` if neither).
+    fn count(
+        &self,
+        name: &str,
+        count: Option<u64>,
+        percent: Option<f64>,
+        default: u64,
+    ) -> Result<usize, String> {
+        match (count, percent) {
+            (Some(_), Some(_)) => Err(format!("give {name} or {name}_percent, not both")),
+            (Some(count), None) => Ok(count as usize),
+            (None, Some(percent)) if (0.0..=100.0).contains(&percent) => {
+                Ok((self.servers as f64 * percent / 100.0).floor() as usize)
+            }
+            (None, Some(percent)) => Err(format!("{name}_percent {percent} is not in [0, 100]")),
+            (None, None) => Ok(default as usize),
+        }
+    }
+}
+
 impl Default for Params {
     fn default() -> Self {
         Self {
             servers: 16,
-            slow: 4,
-            dead: 1,
+            slow: None,
+            slow_percent: None,
+            dead: None,
+            dead_percent: None,
             slow_ms: 2000,
             min_latency_ms: 20,
             max_latency_ms: 80,
@@ -130,8 +159,12 @@ pub fn run(
     let policy: Policy = trial.policy()?;
     let params: Params = trial.params()?;
     let servers = params.servers as usize;
-    let slow = params.slow as usize;
-    let dead = params.dead as usize;
+    let slow = params
+        .count("slow", params.slow, params.slow_percent, 4)
+        .map_err(|reason| trial.failed(reason))?;
+    let dead = params
+        .count("dead", params.dead, params.dead_percent, 1)
+        .map_err(|reason| trial.failed(reason))?;
     let slow_ms = params.slow_ms;
     let min_latency = params.min_latency_ms;
     let max_latency = params.max_latency_ms;
@@ -143,11 +176,20 @@ pub fn run(
     let deadline = Duration::from_millis(params.deadline_ms);
     let attempt_timeout = Duration::from_millis(params.attempt_timeout_ms);
     let warmup = Duration::from_millis(params.warmup_ms);
-    if slow + dead + quorum > servers || reads == 0 || reads_per_s == 0 || min_latency > max_latency
+    if slow + dead > servers
+        || dead + quorum > servers
+        || quorum == 0
+        || reads == 0
+        || reads_per_s == 0
+        || min_latency > max_latency
     {
         return Err(ScenarioError::failed(
             case,
-            "needs slow + dead + quorum <= servers, reads and a read rate, min <= max latency",
+            format!(
+                "needs slow + dead <= servers, dead + quorum <= servers, a quorum, reads and a \
+                 read rate, min <= max latency (servers {servers}, slow {slow}, dead {dead}, \
+                 quorum {quorum})"
+            ),
         ));
     }
     let config = QuorumConfig {
@@ -245,15 +287,21 @@ pub fn run(
         .collect::<Result<_, _>>()
         .map_err(|error| ScenarioError::lab(case, error))?;
 
-    // Per read, the earliest it could finish: the quorum-th fastest healthy answer.
+    // Per read, the earliest it could finish (the physical floor): the quorum-th fastest answer
+    // of a live server, a round trip plus its service time (a slow server's is `slow_ms`). With
+    // enough healthy servers that is the quorum-th fastest healthy one; when most are slow, a
+    // read cannot finish before enough slow ones answer.
     let ideal_ms: Vec<f64> = (0..reads)
         .map(|key| {
             let key = object_key(key);
             let mut times: Vec<u64> = (0..servers)
-                .filter(|&i| health[i] == Health::Healthy)
-                .map(|i| {
-                    2 * latency_ms[i]
-                        + service_time(seed, &names[i], &key, service_max).as_millis() as u64
+                .filter_map(|i| match health[i] {
+                    Health::Healthy => Some(
+                        2 * latency_ms[i]
+                            + service_time(seed, &names[i], &key, service_max).as_millis() as u64,
+                    ),
+                    Health::Slow => Some(2 * latency_ms[i] + slow_ms),
+                    Health::Dead => None,
                 })
                 .collect();
             times.sort_unstable();
@@ -346,10 +394,6 @@ pub fn run(
     metrics.insert(
         "ideal_ms_p99".into(),
         round_metric(percentile_f64(&ideal, 0.99)),
-    );
-    metrics.insert(
-        "p99_over_ideal".into(),
-        round_metric(percentile_f64(&fetch, 0.99) / percentile_f64(&ideal, 0.99)),
     );
     metrics.insert("floor_gap_ms_min".into(), round_metric(floor_gap_ms_min));
     metrics.insert(
