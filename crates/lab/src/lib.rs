@@ -6,7 +6,7 @@
 //! crashes. The same socket runs over real UDP in real time for cross-checks.
 //!
 //! The harness is [`lab`] (hosts, faults, the run loop), [`link`] and [`socket`] (the emulated
-//! network), [`scenario`] (scenario files and reports) and [`stats`] (percentiles, rounding). Every
+//! network), [`tcp_link`] (the same links' serialization for turmoil TCP), [`scenario`] (scenario files and reports) and [`stats`] (percentiles, rounding). Every
 //! experiment is one module under [`experiments`], registered in [`EXPERIMENTS`] under the
 //! scenario `kind` that selects it, with its policies, workloads and typed parameters. Scenario
 //! files (`scenarios/*.toml`, format in `docs/scenarios.md`) are checked against that table when
@@ -22,6 +22,7 @@ pub mod scenario;
 pub mod socket;
 pub mod stats;
 pub mod sweep;
+pub mod tcp_link;
 
 use std::time::Duration;
 

@@ -26,7 +26,20 @@ pub enum Rate {
     PacketsPerSec(u64),
 }
 
+/// Bytes a packet counts for when a packet rate must be read as a byte rate: one Ethernet MTU.
+pub const PACKET_BYTES: usize = 1500;
+
 impl Rate {
+    /// The rate in bits per second for a model that counts bytes (TCP pacing, physical floors):
+    /// a packet rate counts [`PACKET_BYTES`] per packet. `None` when unlimited.
+    pub fn bit_rate(&self) -> Option<u64> {
+        match *self {
+            Rate::Unlimited => None,
+            Rate::BitsPerSec(bits) => Some(bits),
+            Rate::PacketsPerSec(packets) => Some(packets.saturating_mul(PACKET_BYTES as u64 * 8)),
+        }
+    }
+
     /// Time to serialize one datagram of `len` bytes.
     pub fn service_time(&self, len: usize) -> Duration {
         match *self {

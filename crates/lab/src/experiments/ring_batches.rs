@@ -8,7 +8,9 @@
 //!   received (the receiver has the end record), on the lab's shared clock;
 //! - `ring_ping_ms`: the latest ring ping on the idle ring, before the batches start;
 //! - `batches_per_s`: `batches` batches through the pipeline, from the first submission to the
-//!   last result; `batches_failed` counts failures (0 expected).
+//!   last result; `batches_failed` counts failures (0 expected);
+//! - `hop_floor_ms`: the hop's physical floor from the case's link and batch size
+//!   ([`workload::hop_floor_ms`]), the same for every policy; no `hop_transfer_ms` should be under it.
 //!
 //! [`workload`] holds what every policy shares, [`pipeline`] runs the meshwire policies and
 //! `grpc` (feature `baselines`) the gRPC ones.
@@ -25,7 +27,7 @@ pub use workload::{team_batch, Params, Workload};
 
 use super::Trial;
 use crate::scenario::ScenarioError;
-use crate::stats::Metrics;
+use crate::stats::{round_metric, Metrics};
 
 /// Runs one xx-team case under the trial's policy: `meshwire`, `meshwire-pipelined`, or (with
 /// the `baselines` feature) `grpc-unary-64k` or `grpc-stream`.
@@ -35,18 +37,28 @@ pub fn run(
 ) -> Result<Metrics, ScenarioError> {
     let (case, seed) = (trial.case, trial.seed);
     let params: Params = trial.params()?;
-    let in_flight = match trial.policy {
-        "meshwire" => 1,
-        "meshwire-pipelined" => params.pipelined_k as usize,
+    let link = case
+        .link
+        .spec()
+        .map_err(|reason| ScenarioError::failed(case, reason))?;
+    let mut metrics = match trial.policy {
+        "meshwire" => pipeline::run(case, seed, &params, 1, progress)?,
+        "meshwire-pipelined" => {
+            pipeline::run(case, seed, &params, params.pipelined_k as usize, progress)?
+        }
         #[cfg(feature = "baselines")]
         other => match grpc::Baseline::from_policy(other) {
-            Some(baseline) => return grpc::run(case, seed, &params, baseline, progress),
+            Some(baseline) => grpc::run(case, seed, &params, baseline, progress)?,
             None => return Err(unknown_policy(trial)),
         },
         #[cfg(not(feature = "baselines"))]
         _ => return Err(unknown_policy(trial)),
     };
-    pipeline::run(case, seed, &params, in_flight, progress)
+    metrics.insert(
+        "hop_floor_ms".into(),
+        round_metric(workload::hop_floor_ms(&link, &params)),
+    );
+    Ok(metrics)
 }
 
 fn unknown_policy(trial: &Trial<'_>) -> ScenarioError {

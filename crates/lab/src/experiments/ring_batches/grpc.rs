@@ -16,9 +16,11 @@
 //! Batches go round the ring one at a time; each node holds its one "CPU" for `compute_ms` per
 //! batch and adds one to every byte, so `n0` checks that every byte came back `+N`.
 //! The ring ping is a tiny unary call forwarded round the ring, like the xx network's
-//! "Round Trip Ping". turmoil's TCP has latency but no bandwidth, no loss and no congestion control
-//! (it delivers each write after the link latency): the baselines pay the HTTP/2 window round trips
-//! but neither serialization (4 ms per 4 Mbit at 1 Gbit/s) nor slow start, which flatters them.
+//! "Round Trip Ping". turmoil's TCP has latency but no bandwidth, so every connection goes through
+//! [`crate::tcp_link::PacedTcp`]: each direction of each host pair serializes its bytes at the
+//! case's link rate (4 ms per 4 Mbit at 1 Gbit/s), as meshwire's UDP links do, and the baselines
+//! pay serialization and the HTTP/2 window round trips. They still do not pay loss, jitter, a
+//! drop-tail queue, congestion control or slow start, which turmoil's TCP does not model.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -42,6 +44,7 @@ use super::workload::{team_batch, team_metrics, Params, Workload};
 use crate::lab::{clock, Lab, TICK};
 use crate::scenario::{CaseFile, ScenarioError};
 use crate::stats::Metrics;
+use crate::tcp_link::{PacedTcp, TcpLinks};
 
 /// TCP port of every host's gRPC server.
 const GRPC_PORT: u16 = 50051;
@@ -122,9 +125,9 @@ impl Decoder for BytesCodec {
     }
 }
 
-/// A turmoil TCP stream the tonic server can accept.
+/// A paced turmoil TCP stream the tonic server can accept.
 #[derive(Debug)]
-struct LabTcp(turmoil::net::TcpStream);
+struct LabTcp(PacedTcp<turmoil::net::TcpStream>);
 
 impl AsyncRead for LabTcp {
     fn poll_read(
@@ -408,22 +411,39 @@ impl tower::Service<http::Request<tonic::body::Body>> for TeamService {
     }
 }
 
-/// Starts member `index`'s gRPC server on [`GRPC_PORT`] and its lazy channel to `next`.
-async fn start_member(
+/// How a member is set up: its place, the baseline, and the links its connections pace on.
+struct MemberSetup {
     index: usize,
     baseline: Baseline,
     compute_per_batch: Duration,
+    links: Arc<TcpLinks>,
+}
+
+/// Starts member `index`'s gRPC server on [`GRPC_PORT`] and its lazy channel to `next`; both
+/// sides' connections read through the member's [`TcpLinks`].
+async fn start_member(
+    setup: MemberSetup,
     next: SocketAddr,
     arrivals: Option<mpsc::UnboundedSender<Arrival>>,
     hops: Option<Arc<Mutex<Vec<Duration>>>>,
 ) -> Result<Arc<Member>, Box<dyn std::error::Error>> {
+    let MemberSetup {
+        index,
+        baseline,
+        compute_per_batch,
+        links,
+    } = setup;
     let window = baseline.window();
     let endpoint = Endpoint::from_shared(format!("http://{next}"))?
         .initial_stream_window_size(window)
         .initial_connection_window_size(window);
-    let channel = endpoint.connect_with_connector_lazy(tower::service_fn(move |_| async move {
-        let stream = turmoil::net::TcpStream::connect(next).await?;
-        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+    let connect_links = links.clone();
+    let channel = endpoint.connect_with_connector_lazy(tower::service_fn(move |_| {
+        let links = connect_links.clone();
+        async move {
+            let stream = turmoil::net::TcpStream::connect(next).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(links.wrap_turmoil(stream)?))
+        }
     }));
     let member = Arc::new(Member {
         index,
@@ -438,7 +458,10 @@ async fn start_member(
     let (accepted, incoming) = mpsc::channel(16);
     tokio::spawn(async move {
         loop {
-            let result = listener.accept().await.map(|(stream, _)| LabTcp(stream));
+            let result = listener
+                .accept()
+                .await
+                .and_then(|(stream, _)| links.wrap_turmoil(stream).map(LabTcp));
             if accepted.send(result).await.is_err() {
                 break;
             }
@@ -474,19 +497,28 @@ pub fn run(
     // it every hop took 44 ms on a 45 ms link and the ring ping 220 ms).
     spec.latency += TICK;
     let mut lab = Lab::new(seed, spec, case.duration() + Duration::from_secs(1));
+    // turmoil's TCP has no bandwidth: every connection's bytes are serialized at the rate of the
+    // lab's link in their direction.
+    let links = TcpLinks::new(lab.network().clone(), TICK);
     let names: Vec<String> = (0..workload.nodes).map(|i| format!("n{i}")).collect();
     let hops: Arc<Mutex<Vec<Duration>>> = Arc::default();
     // Hosts exist before their addresses are known: relays read the table when they start.
     let addresses: Arc<Mutex<Vec<SocketAddr>>> = Arc::default();
     for (index, name) in names.iter().enumerate().skip(1) {
-        let (addresses, hops) = (addresses.clone(), hops.clone());
-        let compute = workload.compute_per_batch;
+        let (addresses, hops, links) = (addresses.clone(), hops.clone(), links.clone());
+        let compute_per_batch = workload.compute_per_batch;
         lab.host(name, move |_context| {
             let addresses = addresses.clone();
             let hops = (index == 1).then(|| hops.clone());
+            let setup = MemberSetup {
+                index,
+                baseline,
+                compute_per_batch,
+                links: links.clone(),
+            };
             async move {
                 let next = successor(&addresses, index)?;
-                let _member = start_member(index, baseline, compute, next, None, hops).await?;
+                let _member = start_member(setup, next, None, hops).await?;
                 std::future::pending::<()>().await;
                 Ok(())
             }
@@ -498,15 +530,13 @@ pub fn run(
         lab.client(&names[0], move |_context| async move {
             let (arrivals, mut arrived) = mpsc::unbounded_channel();
             let next = successor(&addresses, 0)?;
-            let member = start_member(
-                0,
+            let setup = MemberSetup {
+                index: 0,
                 baseline,
-                workload.compute_per_batch,
-                next,
-                Some(arrivals),
-                None,
-            )
-            .await?;
+                compute_per_batch: workload.compute_per_batch,
+                links,
+            };
+            let member = start_member(setup, next, Some(arrivals), None).await?;
             let results = first_node(&member, &mut arrived, &workload, &hops).await?;
             *metrics.lock().unwrap_or_else(|e| e.into_inner()) = results;
             Ok(())

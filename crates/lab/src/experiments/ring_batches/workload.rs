@@ -8,6 +8,7 @@ use meshwire::Chunk;
 use serde::Deserialize;
 
 use crate::experiments::CongestionParam;
+use crate::link::LinkSpec;
 use crate::scenario::{CaseFile, ScenarioError};
 use crate::stats::{percentile_f64, round_metric, Metrics};
 
@@ -130,6 +131,23 @@ impl Workload {
     }
 }
 
+/// The physical floor of one hop of a batch, in milliseconds: the link's one-way latency plus the
+/// batch's bytes serialized at the link's rate, `latency + slots × payload_bytes × 8 / bit rate`.
+/// No transport can deliver a batch's last byte sooner after its first was sent, so
+/// `hop_transfer_ms` of any policy should not come in under it (beyond the lab's 1 ms ticks).
+/// Only payload bytes count: no meshwire, QUIC, HTTP/2 or gRPC overhead is added, the floor is the
+/// physics, not any protocol. A packet rate counts 1500 bytes per packet
+/// ([`crate::link::Rate::bit_rate`]); since lab datagrams carry at most 1472 bytes, the floor is
+/// then a little under what any protocol could reach. An unlimited rate leaves the latency.
+pub fn hop_floor_ms(link: &LinkSpec, params: &Params) -> f64 {
+    let latency_ms = link.latency.as_secs_f64() * 1e3;
+    let batch_bits = u64::from(params.slots) as f64 * params.payload_bytes as f64 * 8.0;
+    match link.rate.bit_rate() {
+        Some(bits_per_sec) => latency_ms + batch_bits / bits_per_sec as f64 * 1e3,
+        None => latency_ms,
+    }
+}
+
 /// The metrics every xx-team policy reports: hop transfer percentiles over sorted `hop_ms`, the
 /// ring ping, and `batches` round the ring in `elapsed_s` with `failed` of them failed.
 pub fn team_metrics(
@@ -158,4 +176,33 @@ pub fn team_metrics(
         ),
         ("batches_failed".into(), failed as f64),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::link::Rate;
+
+    #[test]
+    fn the_hop_floor_is_latency_plus_payload_bytes_at_the_link_rate() {
+        let params = Params::default(); // 1000 x 500 B: 4 Mbit
+        let link = |rate| LinkSpec {
+            latency: Duration::from_millis(45),
+            rate,
+            ..LinkSpec::default()
+        };
+        assert_eq!(
+            hop_floor_ms(&link(Rate::BitsPerSec(1_000_000_000)), &params),
+            49.0
+        );
+        // 1000 packets/s of 1500 B: 12 Mbit/s.
+        let packets = hop_floor_ms(&link(Rate::PacketsPerSec(1000)), &params);
+        assert!(
+            (packets - (45.0 + 4e6 / 12e6 * 1e3)).abs() < 1e-9,
+            "{packets}"
+        );
+        assert_eq!(hop_floor_ms(&link(Rate::Unlimited), &params), 45.0);
+    }
 }

@@ -1,0 +1,523 @@
+//! Serialize lab TCP connections at their link's rate, as [`crate::socket`] does for UDP.
+//!
+//! # Design
+//!
+//! turmoil's TCP (what the gRPC baselines run on) delivers every write one link latency after it
+//! was made, whatever its size: it has latency but no bandwidth. [`PacedTcp`] adds the missing
+//! serialization on the receive side. Bytes the inner stream hands over at `t` (one latency after
+//! they were written) are cut into segments of at most [`SEGMENT_BYTES`] and queued on the directed
+//! link's [`Serializer`]; a segment becomes readable once it is serialized, at
+//! `max(t, when the link finished the previous segment) + segment / rate`. On a link whose latency
+//! is constant this is the same instant as serializing at the sender before propagation, so the
+//! last byte of `n` bytes written at `w` is through the link at `w + latency + n / rate` at the
+//! earliest (read in that instant's tick, below); and it needs no task of its own: the reader (hyper's connection task, which always reads) waits on a
+//! timer for the next segment. [`TcpLinks`] keeps one serializer per direction of each host pair,
+//! shared by every connection in that direction, with the rate the lab's [`Network`] gives that
+//! directed link when the direction is first used.
+//!
+//! The lab's clock moves in ticks ([`crate::lab::TICK`], 1 ms), so a segment becomes readable in
+//! the tick its serialization ends in: at the start of that tick, up to one tick before the exact
+//! instant, never earlier. This is how the emulated UDP links come out too (a small datagram on a
+//! 1 Gbit/s, 45 ms link arrives 45 ms after it is sent, not 46), so neither transport pays a
+//! whole tick for a few microseconds of serialization; readers see at most one tick's worth of
+//! bytes (`rate × tick`) ahead of the exact schedule, and serialization that ends on a tick
+//! boundary is exact.
+//!
+//! Rates count TCP payload bytes (the stream's bytes: for gRPC, HTTP/2 frames with their headers),
+//! as the UDP links count UDP payload. A packet rate counts [`SEGMENT_BYTES`] per packet. An
+//! unlimited rate passes reads straight through. Not modelled: loss, jitter, the drop-tail queue
+//! (the queue is unbounded and nothing drops), congestion control, slow start and ACK clocking; the
+//! sender's only back pressure is HTTP/2 flow control and turmoil's per-socket send credit.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+use crate::link::{Rate, PACKET_BYTES};
+use crate::socket::Network;
+
+/// The largest piece a link serializes at once: one Ethernet MTU, also what a packet rate counts.
+pub const SEGMENT_BYTES: usize = PACKET_BYTES;
+
+/// Bytes read from the inner stream at a time.
+const READ_CHUNK: usize = 64 * 1024;
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One directed link's serialization schedule: when each segment offered to it is through.
+/// Nothing here reads a clock: [`Serializer::admit`] takes the arrival time.
+#[derive(Debug, Clone)]
+pub struct Serializer {
+    /// Bits per second, `None` for unlimited.
+    bits_per_sec: Option<u64>,
+    /// When the link finishes the last segment admitted so far.
+    busy_until: Option<Instant>,
+}
+
+impl Serializer {
+    /// A serializer at `rate` (packets count [`SEGMENT_BYTES`] each).
+    pub fn new(rate: Rate) -> Self {
+        Self {
+            bits_per_sec: rate.bit_rate(),
+            busy_until: None,
+        }
+    }
+
+    /// Whether the link has no rate limit (then nothing needs serializing).
+    pub fn is_unlimited(&self) -> bool {
+        self.bits_per_sec.is_none()
+    }
+
+    /// Time to serialize `len` bytes, rounded up to the nanosecond so bytes never go faster than
+    /// the rate.
+    fn service_time(&self, len: usize) -> Duration {
+        match self.bits_per_sec {
+            None => Duration::ZERO,
+            Some(bits) => {
+                let nanos = (len as u128 * 8 * 1_000_000_000).div_ceil(u128::from(bits.max(1)));
+                Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+            }
+        }
+    }
+
+    /// Offers `len` bytes arriving at `now`: cuts them into segments of at most
+    /// [`SEGMENT_BYTES`] and appends each segment's length and the instant it is serialized to
+    /// `segments`, behind everything admitted before.
+    pub fn admit(&mut self, now: Instant, len: usize, segments: &mut VecDeque<(Instant, usize)>) {
+        let mut left = len;
+        while left > 0 {
+            let piece = left.min(SEGMENT_BYTES);
+            let start = self.busy_until.map_or(now, |busy| busy.max(now));
+            let done = start + self.service_time(piece);
+            self.busy_until = Some(done);
+            segments.push_back((done, piece));
+            left -= piece;
+        }
+    }
+}
+
+/// One directed link's serializer, shared by every connection in that direction.
+pub type Wire = Arc<Mutex<Serializer>>;
+
+/// The serializers of a lab's TCP links: one per direction of each host pair.
+#[derive(Debug)]
+pub struct TcpLinks {
+    network: Arc<Network>,
+    tick: Duration,
+    wires: Mutex<HashMap<(IpAddr, IpAddr), Wire>>,
+}
+
+impl TcpLinks {
+    /// Serializers following the rates of `network`'s directed links, on a clock that moves in
+    /// steps of `tick` (the lab's [`crate::lab::TICK`]; see the module's design notes).
+    pub fn new(network: Arc<Network>, tick: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            network,
+            tick,
+            wires: Mutex::default(),
+        })
+    }
+
+    /// The serializer of the directed link `from -> to`, made at the link's current rate the
+    /// first time the direction is used.
+    fn wire(&self, from: IpAddr, to: IpAddr) -> Wire {
+        lock(&self.wires)
+            .entry((from, to))
+            .or_insert_with(|| {
+                Arc::new(Mutex::new(Serializer::new(
+                    self.network.link(from, to).rate,
+                )))
+            })
+            .clone()
+    }
+
+    /// Wraps `stream`, whose bytes come from `peer` to `local`: they become readable as the link
+    /// `peer -> local` serializes them.
+    pub fn wrap<S>(&self, stream: S, peer: IpAddr, local: IpAddr) -> PacedTcp<S> {
+        PacedTcp::new(stream, self.wire(peer, local), self.tick)
+    }
+
+    /// Wraps a turmoil TCP stream by its own addresses.
+    pub fn wrap_turmoil(
+        &self,
+        stream: turmoil::net::TcpStream,
+    ) -> io::Result<PacedTcp<turmoil::net::TcpStream>> {
+        let (peer, local) = (stream.peer_addr()?.ip(), stream.local_addr()?.ip());
+        Ok(self.wrap(stream, peer, local))
+    }
+}
+
+/// How the inner stream ended, told to the reader once every queued byte is read.
+#[derive(Debug)]
+enum End {
+    Open,
+    Eof,
+    Failed(io::ErrorKind, String),
+}
+
+/// A byte stream whose received bytes are readable only once their link has serialized them;
+/// writes pass straight through (the peer's [`PacedTcp`] paces them). See the module's design
+/// notes.
+pub struct PacedTcp<S> {
+    inner: S,
+    /// `None`: an unlimited link, reads pass through.
+    wire: Option<Wire>,
+    /// The clock's step: a segment is readable in the tick its serialization ends in.
+    tick: Duration,
+    /// Bytes received and not yet read: the serialized ones first, then the queued ones.
+    received: BytesMut,
+    /// Bytes at the front of `received` that are serialized and may be read.
+    readable: usize,
+    /// When each queued segment behind them is serialized, and its length.
+    segments: VecDeque<(Instant, usize)>,
+    end: End,
+    scratch: Vec<u8>,
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> fmt::Debug for PacedTcp<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PacedTcp")
+            .field("unlimited", &self.wire.is_none())
+            .field("received", &self.received.len())
+            .field("readable", &self.readable)
+            .field("segments", &self.segments.len())
+            .field("end", &self.end)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> PacedTcp<S> {
+    /// Wraps `inner`, whose received bytes go through `wire` and become readable in the `tick`
+    /// their serialization ends in (`Duration::ZERO`: exactly when it ends).
+    pub fn new(inner: S, wire: Wire, tick: Duration) -> Self {
+        let unlimited = lock(&wire).is_unlimited();
+        Self {
+            inner,
+            wire: (!unlimited).then_some(wire),
+            tick,
+            received: BytesMut::new(),
+            readable: 0,
+            segments: VecDeque::new(),
+            end: End::Open,
+            scratch: Vec::new(),
+            timer: None,
+        }
+    }
+
+    /// The wrapped stream.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// When the segment serialized at `done` becomes readable: the start of the tick `done` falls
+    /// in, as a reader waking at tick starts sees it.
+    fn readable_at(&self, done: Instant) -> Instant {
+        match self.tick.checked_sub(Duration::from_nanos(1)) {
+            Some(early) => done.checked_sub(early).unwrap_or(done),
+            None => done,
+        }
+    }
+
+    /// Makes every segment readable by `now` readable.
+    fn release(&mut self, now: Instant) {
+        while let Some(&(done, len)) = self.segments.front() {
+            if self.readable_at(done) > now {
+                break;
+            }
+            self.segments.pop_front();
+            self.readable += len;
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> PacedTcp<S> {
+    /// Takes everything the inner stream has now, queuing it on the wire as arrived at `now`.
+    fn drain_inner(&mut self, cx: &mut Context<'_>, wire: &Mutex<Serializer>, now: Instant) {
+        if self.scratch.is_empty() {
+            self.scratch = vec![0; READ_CHUNK];
+        }
+        while matches!(self.end, End::Open) {
+            let mut buf = ReadBuf::new(&mut self.scratch);
+            match Pin::new(&mut self.inner).poll_read(cx, &mut buf) {
+                Poll::Pending => break,
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => self.end = End::Eof,
+                Poll::Ready(Ok(())) => {
+                    let filled = buf.filled();
+                    self.received.extend_from_slice(filled);
+                    lock(wire).admit(now, filled.len(), &mut self.segments);
+                }
+                Poll::Ready(Err(error)) => {
+                    self.end = End::Failed(error.kind(), error.to_string());
+                }
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for PacedTcp<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let Some(wire) = this.wire.clone() else {
+            return Pin::new(&mut this.inner).poll_read(cx, buf);
+        };
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        // The deadline of a timer that has fired: tokio's clock reads at least that much then.
+        let mut fired = None;
+        loop {
+            let now = fired.map_or_else(Instant::now, |at: Instant| at.max(Instant::now()));
+            this.drain_inner(cx, &wire, now);
+            this.release(now);
+            if this.readable > 0 {
+                let len = this.readable.min(buf.remaining());
+                buf.put_slice(&this.received[..len]);
+                this.received.advance(len);
+                this.readable -= len;
+                return Poll::Ready(Ok(()));
+            }
+            let Some(next) = this
+                .segments
+                .front()
+                .map(|&(done, _)| this.readable_at(done))
+            else {
+                // Nothing queued: the inner stream's end, or wait for it (its waker is set).
+                return match &this.end {
+                    End::Open => Poll::Pending,
+                    End::Eof => Poll::Ready(Ok(())),
+                    End::Failed(kind, message) => {
+                        Poll::Ready(Err(io::Error::new(*kind, message.clone())))
+                    }
+                };
+            };
+            let timer = this
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(next)));
+            if timer.deadline() != next {
+                timer.as_mut().reset(next);
+            }
+            ready!(timer.as_mut().poll(cx));
+            fired = Some(next);
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for PacedTcp<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::lab::TICK;
+    use crate::link::LinkSpec;
+
+    /// 8 Mbit/s: one byte per microsecond.
+    const BYTE_PER_MICROSECOND: Rate = Rate::BitsPerSec(8_000_000);
+
+    fn admit_all(serializer: &mut Serializer, now: Instant, len: usize) -> Vec<(Instant, usize)> {
+        let mut segments = VecDeque::new();
+        serializer.admit(now, len, &mut segments);
+        segments.into()
+    }
+
+    #[test]
+    fn releases_bytes_no_faster_than_the_rate() {
+        let now = Instant::now();
+        let mut serializer = Serializer::new(BYTE_PER_MICROSECOND);
+        let segments = admit_all(&mut serializer, now, 15_000);
+        let mut released = 0;
+        for &(done, len) in &segments {
+            released += len;
+            // By the time a segment is out, the link has had time for every byte so far.
+            assert!(
+                done - now >= Duration::from_micros(released as u64),
+                "{released} B early"
+            );
+        }
+        assert_eq!(released, 15_000);
+        assert_eq!(segments.last().unwrap().0 - now, Duration::from_millis(15));
+        // A second write at the same instant queues behind the first.
+        let behind = admit_all(&mut serializer, now, 1000);
+        assert_eq!(behind, [(now + Duration::from_millis(16), 1000)]);
+        // After the link has gone idle, bytes start at their own arrival.
+        let later = now + Duration::from_secs(1);
+        let fresh = admit_all(&mut serializer, later, 500);
+        assert_eq!(fresh, [(later + Duration::from_micros(500), 500)]);
+    }
+
+    #[test]
+    fn splits_a_write_larger_than_a_segment() {
+        let now = Instant::now();
+        let mut serializer = Serializer::new(BYTE_PER_MICROSECOND);
+        let segments = admit_all(&mut serializer, now, 2 * SEGMENT_BYTES + 100);
+        let lengths: Vec<usize> = segments.iter().map(|&(_, len)| len).collect();
+        assert_eq!(lengths, [SEGMENT_BYTES, SEGMENT_BYTES, 100]);
+        // The first segment is out before the whole write would be.
+        assert_eq!(
+            segments[0].0 - now,
+            Duration::from_micros(SEGMENT_BYTES as u64)
+        );
+    }
+
+    #[test]
+    fn a_packet_rate_counts_a_segment_per_packet() {
+        let now = Instant::now();
+        let mut serializer = Serializer::new(Rate::PacketsPerSec(1000));
+        let segments = admit_all(&mut serializer, now, 3 * SEGMENT_BYTES);
+        let done: Vec<Duration> = segments.iter().map(|&(at, _)| at - now).collect();
+        assert_eq!(
+            done,
+            [1, 2, 3].map(Duration::from_millis),
+            "1000 packets/s of 1500 B"
+        );
+    }
+
+    #[test]
+    fn an_unlimited_link_passes_reads_through() {
+        let now = Instant::now();
+        let mut serializer = Serializer::new(Rate::Unlimited);
+        assert!(serializer.is_unlimited());
+        assert!(admit_all(&mut serializer, now, 10_000)
+            .iter()
+            .all(|&(done, _)| done == now));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (near, far) = tokio::io::duplex(1 << 20);
+            let wire = Arc::new(Mutex::new(serializer));
+            let mut near = PacedTcp::new(near, wire, TICK);
+            let unlimited = Arc::new(Mutex::new(Serializer::new(Rate::Unlimited)));
+            let mut far = PacedTcp::new(far, unlimited, TICK);
+            far.write_all(&[7; 100_000]).await.unwrap();
+            far.shutdown().await.unwrap();
+            let mut got = Vec::new();
+            near.read_to_end(&mut got).await.unwrap();
+            assert_eq!(got, [7; 100_000]);
+        });
+    }
+
+    /// A turmoil TCP connection over a 10 ms, 8 Mbit/s link in virtual time: 150 000 bytes
+    /// written at once are read 10 ms + 150 ms after the write (a tick boundary, so exactly),
+    /// each byte no earlier than the tick in which the link has carried it, and the end of the
+    /// stream comes after them.
+    #[test]
+    fn paces_a_turmoil_connection_in_virtual_time() {
+        const LEN: usize = 150_000;
+        let latency = Duration::from_millis(10);
+        let spec = LinkSpec {
+            latency,
+            rate: BYTE_PER_MICROSECOND,
+            ..LinkSpec::default()
+        };
+        let links = TcpLinks::new(Network::new(spec, true), TICK);
+        let mut sim = turmoil::Builder::new()
+            .tick_duration(TICK)
+            .min_message_latency(latency)
+            .max_message_latency(latency)
+            .build();
+        let written: Arc<Mutex<Option<Duration>>> = Arc::default();
+        let reads: Arc<Mutex<Vec<(Duration, usize)>>> = Arc::default();
+        {
+            let (links, reads) = (links.clone(), reads.clone());
+            sim.host("server", move || {
+                let (links, reads) = (links.clone(), reads.clone());
+                async move {
+                    let listener =
+                        turmoil::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, 9000)).await?;
+                    let (stream, _) = listener.accept().await?;
+                    let mut stream = links.wrap_turmoil(stream)?;
+                    let (mut total, mut buffer) = (0, vec![0; 4096]);
+                    loop {
+                        let len = stream.read(&mut buffer).await?;
+                        total += len;
+                        lock(&reads).push((turmoil::sim_elapsed().unwrap_or_default(), total));
+                        if len == 0 {
+                            break;
+                        }
+                        assert!(buffer[..len].iter().all(|&byte| byte == 1));
+                    }
+                    Ok(())
+                }
+            });
+        }
+        {
+            let written = written.clone();
+            sim.client("client", async move {
+                let mut stream = turmoil::net::TcpStream::connect(("server", 9000)).await?;
+                *lock(&written) = turmoil::sim_elapsed();
+                stream.write_all(&[1; LEN]).await?;
+                stream.shutdown().await?;
+                // Stay up until the server has read everything.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                Ok(())
+            });
+        }
+        sim.run().unwrap();
+        let written = lock(&written).unwrap();
+        let reads = lock(&reads).clone();
+        let &(eof_at, total) = reads.last().unwrap();
+        assert_eq!(total, LEN);
+        for &(at, total) in &reads {
+            // Readable in the tick the link carries them in: by the end of the read's tick.
+            let carried = (at + TICK).saturating_sub(written + latency).as_micros() as usize;
+            assert!(total <= carried, "{total} B read {at:?} after {written:?}");
+        }
+        let floor = written + latency + Duration::from_micros(LEN as u64);
+        assert_eq!(
+            eof_at, floor,
+            "the end came at {eof_at:?}, the floor is {floor:?}"
+        );
+    }
+}
