@@ -358,7 +358,10 @@ impl tower::Service<http::Request<tonic::body::Body>> for TeamService {
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let member = self.0.clone();
         Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(BytesCodec);
+            // A unary call carries a whole batch, larger than tonic's 4 MiB default limit for
+            // sweeps' 20 MB batches: a team running unary calls would raise it, so the baseline does.
+            let mut grpc =
+                tonic::server::Grpc::new(BytesCodec).max_decoding_message_size(usize::MAX);
             let path = request.uri().path().to_string();
             let unary = |handler: UnaryHandler| {
                 let member = member.clone();
