@@ -1,10 +1,11 @@
 //! `meshwire lab`: list and run scenario files.
 
-use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use meshwire_lab::{experiments, run_scenario, Mode, ScenarioFile, EXPERIMENTS};
+use meshwire_lab::{experiments, run_scenario_observed, Mode, RunEvent, ScenarioFile, EXPERIMENTS};
+
+use crate::progress::Progress;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum LabCommand {
@@ -50,21 +51,15 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
         } => {
             let scenario = ScenarioFile::load(&file)?;
             let seed = seed.unwrap_or(scenario.seed);
-            let show_progress = std::io::stderr().is_terminal();
             let mode = if realtime {
                 Mode::Realtime
             } else {
                 Mode::Virtual
             };
-            let report = run_scenario(&scenario, seed, mode, |case, elapsed| {
-                if show_progress {
-                    eprint!("\r\x1b[2K{case}: {:.1} s", elapsed.as_secs_f64());
-                    let _ = std::io::stderr().flush();
-                }
-            })?;
-            if show_progress {
-                eprint!("\r\x1b[2K");
-            }
+            let progress = Progress::new(trials(&scenario));
+            let report =
+                run_scenario_observed(&scenario, seed, mode, |event| observe(&progress, 0, event))?;
+            progress.finish();
             if json {
                 println!("{}", report.to_json());
             } else {
@@ -74,11 +69,27 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
         }
         LabCommand::Results { dir, out } => {
             let mut markdown = String::from(RESULTS_HEADER);
+            let mut scenarios = Vec::new();
             for path in scenario_files(&dir)? {
                 let scenario = ScenarioFile::load(&path)?;
-                eprintln!("running {}", path.display());
-                let report = run_scenario(&scenario, scenario.seed, Mode::Virtual, |_, _| {})
+                let realtime =
+                    experiments::find(&scenario.kind).is_some_and(|experiment| experiment.realtime);
+                scenarios.push((path, scenario, realtime));
+            }
+            let units = scenarios
+                .iter()
+                .map(|(_, scenario, realtime)| trials(scenario) * if *realtime { 2 } else { 1 })
+                .sum();
+            let progress = Progress::new(units);
+            let mut done = 0;
+            for (path, scenario, realtime) in &scenarios {
+                progress.println(format!("running {}", path.display()));
+                let report =
+                    run_scenario_observed(scenario, scenario.seed, Mode::Virtual, |event| {
+                        observe(&progress, done, event)
+                    })
                     .with_context(|| format!("scenario {} failed", path.display()))?;
+                done += trials(scenario);
                 markdown.push_str(&format!(
                     "## {}\n\n{}\n\nFile: `{}`. Command: `meshwire lab run {}`.\n\n{}\n",
                     scenario.name,
@@ -87,10 +98,14 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
                     path.display(),
                     report.to_table()
                 ));
-                if experiments::find(&scenario.kind).is_some_and(|experiment| experiment.realtime) {
-                    eprintln!("running {} on real sockets", path.display());
-                    let real = run_scenario(&scenario, scenario.seed, Mode::Realtime, |_, _| {})
+                if *realtime {
+                    progress.println(format!("running {} on real sockets", path.display()));
+                    let real =
+                        run_scenario_observed(scenario, scenario.seed, Mode::Realtime, |event| {
+                            observe(&progress, done, event)
+                        })
                         .with_context(|| format!("real-time run of {} failed", path.display()))?;
+                    done += trials(scenario);
                     markdown.push_str(&format!(
                         "### {} on real UDP sockets (cross-check)\n\nThe same scenario over \
                          loopback in real time, the emulated socket adding delay, rate and loss \
@@ -102,6 +117,7 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
                     ));
                 }
             }
+            progress.finish();
             std::fs::write(&out, markdown)
                 .with_context(|| format!("cannot write {}", out.display()))?;
             eprintln!("wrote {}", out.display());
@@ -131,6 +147,20 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+/// How many trials (cases × policies) a scenario runs.
+fn trials(scenario: &ScenarioFile) -> u64 {
+    (scenario.cases.len() * scenario.policies.len()) as u64
+}
+
+/// Shows the events of a scenario run whose trials come after `done` units on `progress`.
+fn observe(progress: &Progress, done: u64, event: RunEvent<'_>) {
+    match event {
+        RunEvent::Trial { index, label, .. } => progress.start(done + index as u64, label),
+        RunEvent::Elapsed(elapsed) => progress.lab_time(elapsed),
+        _ => {}
     }
 }
 

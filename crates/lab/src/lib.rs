@@ -37,6 +37,25 @@ pub enum Mode {
     Realtime,
 }
 
+/// What [`run_scenario_observed`] reports as it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RunEvent<'a> {
+    /// Trial `index` (0-based, of `total` = cases × policies, the cases in file order and each
+    /// under every policy in turn) starts; the trials before it are done.
+    Trial {
+        /// Its position.
+        index: usize,
+        /// How many trials the scenario has.
+        total: usize,
+        /// "case / policy".
+        label: &'a str,
+    },
+    /// The lab time elapsed in the current trial, about every 100 ms of it (experiments that run
+    /// no lab report none).
+    Elapsed(Duration),
+}
+
 /// Runs every case of `scenario` under every policy with `seed`. `progress` hears the case name
 /// and the lab time elapsed in it.
 pub fn run_scenario(
@@ -44,6 +63,20 @@ pub fn run_scenario(
     seed: u64,
     mode: Mode,
     mut progress: impl FnMut(&str, Duration),
+) -> Result<Report, ScenarioError> {
+    let mut current = String::new();
+    run_scenario_observed(scenario, seed, mode, |event| match event {
+        RunEvent::Trial { label, .. } => current = label.to_string(),
+        RunEvent::Elapsed(elapsed) => progress(&current, elapsed),
+    })
+}
+
+/// [`run_scenario`], telling `observe` when each trial starts and how far its lab has run.
+pub fn run_scenario_observed(
+    scenario: &ScenarioFile,
+    seed: u64,
+    mode: Mode,
+    mut observe: impl FnMut(RunEvent<'_>),
 ) -> Result<Report, ScenarioError> {
     let experiment = experiments::find(&scenario.kind).ok_or_else(|| ScenarioError::Invalid {
         path: scenario.name.clone(),
@@ -60,10 +93,16 @@ pub fn run_scenario(
         });
     }
     let mut report = Report::new(scenario, seed);
+    let total = scenario.cases.len() * scenario.policies.len();
     for case in &scenario.cases {
         for policy in &scenario.policies {
             let label = format!("{} / {}", case.name, policy);
-            let mut tick = |elapsed: Duration| progress(&label, elapsed);
+            observe(RunEvent::Trial {
+                index: report.results.len(),
+                total,
+                label: &label,
+            });
+            let mut tick = |elapsed: Duration| observe(RunEvent::Elapsed(elapsed));
             let trial = Trial {
                 scenario: &scenario.name,
                 case,
