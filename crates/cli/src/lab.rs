@@ -1,8 +1,9 @@
-//! `meshwire lab`: list and run scenario files.
+//! `meshwire lab`: list and run scenario files, plot their reports.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use meshwire_lab::plot::PlotInput;
 use meshwire_lab::{experiments, run_scenario_observed, Mode, RunEvent, ScenarioFile, EXPERIMENTS};
 
 use crate::progress::Progress;
@@ -38,6 +39,22 @@ pub enum LabCommand {
         /// Where the scenario files are.
         #[arg(long, default_value = "scenarios")]
         dir: PathBuf,
+    },
+    /// Draw reports as SVG charts and print the paths written. A scenario report (`lab run
+    /// --json`) gives a grouped bar chart per --metric (x = case, a bar per policy), named
+    /// <scenario>-<metric>.svg; a sweep report (`lab sweep --json`) gives the CDF of each of its
+    /// ratios over the cases, a curve per policy, named <sweep>-<ratio>.svg.
+    Plot {
+        /// The JSON reports.
+        #[arg(required = true, value_name = "FILE.json")]
+        files: Vec<PathBuf>,
+        /// Where to write the SVG files (created if missing).
+        #[arg(long, default_value = "docs/plots")]
+        out: PathBuf,
+        /// A metric to chart from scenario reports; repeat for more (required for them, ignored
+        /// for sweep reports, which chart every ratio).
+        #[arg(long = "metric", value_name = "NAME")]
+        metrics: Vec<String>,
     },
 }
 
@@ -144,6 +161,34 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
                 for workload in experiment.workloads {
                     println!("  {:<14} {}", workload.name, workload.description);
                 }
+            }
+            Ok(())
+        }
+        LabCommand::Plot {
+            files,
+            out,
+            metrics,
+        } => {
+            // Draw everything before writing anything, so a bad file or metric writes nothing.
+            let mut charts = Vec::new();
+            let mut sources = std::collections::BTreeMap::new();
+            for file in &files {
+                let origin = file.display().to_string();
+                for chart in PlotInput::load(file)?.charts(&metrics, &origin)? {
+                    if let Some(first) = sources.insert(chart.file_name.clone(), origin.clone()) {
+                        anyhow::bail!(
+                            "{first} and {origin} both give the chart {}; plot them into \
+                             different --out directories",
+                            chart.file_name
+                        );
+                    }
+                    charts.push(chart);
+                }
+            }
+            std::fs::create_dir_all(&out)
+                .with_context(|| format!("cannot create {}", out.display()))?;
+            for chart in &charts {
+                println!("{}", chart.write_to(&out)?.display());
             }
             Ok(())
         }

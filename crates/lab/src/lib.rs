@@ -10,11 +10,13 @@
 //! experiment is one module under [`experiments`], registered in [`EXPERIMENTS`] under the
 //! scenario `kind` that selects it, with its policies, workloads and typed parameters. Scenario
 //! files (`scenarios/*.toml`, format in `docs/scenarios.md`) are checked against that table when
-//! loaded; [`run_scenario`] runs one and returns its [`Report`].
+//! loaded; [`run_scenario`] runs one and returns its [`Report`]. [`plot`] draws reports as SVG
+//! charts (`meshwire lab plot`).
 
 pub mod experiments;
 pub mod lab;
 pub mod link;
+pub mod plot;
 pub mod scenario;
 pub mod socket;
 pub mod stats;
