@@ -1,10 +1,12 @@
-//! `meshwire lab`: list and run scenario files.
+//! `meshwire lab`: list and run scenario files, plot their reports.
 
-use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use meshwire_lab::{experiments, run_scenario, Mode, ScenarioFile, Sweep, EXPERIMENTS};
+use meshwire_lab::plot::PlotInput;
+use meshwire_lab::{experiments, run_scenario_observed, Mode, RunEvent, ScenarioFile, Sweep, EXPERIMENTS};
+
+use crate::progress::Progress;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum LabCommand {
@@ -56,6 +58,22 @@ pub enum LabCommand {
         #[arg(long, default_value = "scenarios")]
         dir: PathBuf,
     },
+    /// Draw reports as SVG charts and print the paths written. A scenario report (`lab run
+    /// --json`) gives a grouped bar chart per --metric (x = case, a bar per policy), named
+    /// <scenario>-<metric>.svg; a sweep report (`lab sweep --json`) gives the CDF of each of its
+    /// ratios over the cases, a curve per policy, named <sweep>-<ratio>.svg.
+    Plot {
+        /// The JSON reports.
+        #[arg(required = true, value_name = "FILE.json")]
+        files: Vec<PathBuf>,
+        /// Where to write the SVG files (created if missing).
+        #[arg(long, default_value = "docs/plots")]
+        out: PathBuf,
+        /// A metric to chart from scenario reports; repeat for more (required for them, ignored
+        /// for sweep reports, which chart every ratio).
+        #[arg(long = "metric", value_name = "NAME")]
+        metrics: Vec<String>,
+    },
 }
 
 pub fn run(command: LabCommand) -> anyhow::Result<()> {
@@ -68,21 +86,15 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
         } => {
             let scenario = ScenarioFile::load(&file)?;
             let seed = seed.unwrap_or(scenario.seed);
-            let show_progress = std::io::stderr().is_terminal();
             let mode = if realtime {
                 Mode::Realtime
             } else {
                 Mode::Virtual
             };
-            let report = run_scenario(&scenario, seed, mode, |case, elapsed| {
-                if show_progress {
-                    eprint!("\r\x1b[2K{case}: {:.1} s", elapsed.as_secs_f64());
-                    let _ = std::io::stderr().flush();
-                }
-            })?;
-            if show_progress {
-                eprint!("\r\x1b[2K");
-            }
+            let progress = Progress::new(trials(&scenario));
+            let report =
+                run_scenario_observed(&scenario, seed, mode, |event| observe(&progress, 0, event))?;
+            progress.finish();
             if json {
                 println!("{}", report.to_json());
             } else {
@@ -107,22 +119,16 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
             if cases == 0 {
                 anyhow::bail!("--cases must be at least 1");
             }
-            let show_progress = std::io::stderr().is_terminal();
-            let report = sweep.run(seed, cases, |progress| {
-                if show_progress {
-                    eprint!(
-                        "\r\x1b[2K[{}/{}] {}: {:.1} s",
-                        progress.done,
-                        progress.total,
-                        progress.trial,
-                        progress.elapsed.as_secs_f64()
-                    );
-                    let _ = std::io::stderr().flush();
+            let progress = Progress::new((cases * sweep.file().policies.len()) as u64);
+            let mut current = String::new();
+            let report = sweep.run(seed, cases, |step| {
+                if step.trial != current {
+                    current = step.trial.to_string();
+                    progress.start(step.done as u64, step.trial);
                 }
+                progress.lab_time(step.elapsed);
             });
-            if show_progress {
-                eprint!("\r\x1b[2K");
-            }
+            progress.finish();
             if json {
                 println!("{}", report.to_json());
             } else {
@@ -132,11 +138,27 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
         }
         LabCommand::Results { dir, out } => {
             let mut markdown = String::from(RESULTS_HEADER);
+            let mut scenarios = Vec::new();
             for path in scenario_files(&dir)? {
                 let scenario = ScenarioFile::load(&path)?;
-                eprintln!("running {}", path.display());
-                let report = run_scenario(&scenario, scenario.seed, Mode::Virtual, |_, _| {})
+                let realtime =
+                    experiments::find(&scenario.kind).is_some_and(|experiment| experiment.realtime);
+                scenarios.push((path, scenario, realtime));
+            }
+            let units = scenarios
+                .iter()
+                .map(|(_, scenario, realtime)| trials(scenario) * if *realtime { 2 } else { 1 })
+                .sum();
+            let progress = Progress::new(units);
+            let mut done = 0;
+            for (path, scenario, realtime) in &scenarios {
+                progress.println(format!("running {}", path.display()));
+                let report =
+                    run_scenario_observed(scenario, scenario.seed, Mode::Virtual, |event| {
+                        observe(&progress, done, event)
+                    })
                     .with_context(|| format!("scenario {} failed", path.display()))?;
+                done += trials(scenario);
                 markdown.push_str(&format!(
                     "## {}\n\n{}\n\nFile: `{}`. Command: `meshwire lab run {}`.\n\n{}\n",
                     scenario.name,
@@ -145,10 +167,14 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
                     path.display(),
                     report.to_table()
                 ));
-                if experiments::find(&scenario.kind).is_some_and(|experiment| experiment.realtime) {
-                    eprintln!("running {} on real sockets", path.display());
-                    let real = run_scenario(&scenario, scenario.seed, Mode::Realtime, |_, _| {})
+                if *realtime {
+                    progress.println(format!("running {} on real sockets", path.display()));
+                    let real =
+                        run_scenario_observed(scenario, scenario.seed, Mode::Realtime, |event| {
+                            observe(&progress, done, event)
+                        })
                         .with_context(|| format!("real-time run of {} failed", path.display()))?;
+                    done += trials(scenario);
                     markdown.push_str(&format!(
                         "### {} on real UDP sockets (cross-check)\n\nThe same scenario over \
                          loopback in real time, the emulated socket adding delay, rate and loss \
@@ -160,6 +186,7 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
                     ));
                 }
             }
+            progress.finish();
             std::fs::write(&out, markdown)
                 .with_context(|| format!("cannot write {}", out.display()))?;
             eprintln!("wrote {}", out.display());
@@ -189,6 +216,48 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        LabCommand::Plot {
+            files,
+            out,
+            metrics,
+        } => {
+            // Draw everything before writing anything, so a bad file or metric writes nothing.
+            let mut charts = Vec::new();
+            let mut sources = std::collections::BTreeMap::new();
+            for file in &files {
+                let origin = file.display().to_string();
+                for chart in PlotInput::load(file)?.charts(&metrics, &origin)? {
+                    if let Some(first) = sources.insert(chart.file_name.clone(), origin.clone()) {
+                        anyhow::bail!(
+                            "{first} and {origin} both give the chart {}; plot them into \
+                             different --out directories",
+                            chart.file_name
+                        );
+                    }
+                    charts.push(chart);
+                }
+            }
+            std::fs::create_dir_all(&out)
+                .with_context(|| format!("cannot create {}", out.display()))?;
+            for chart in &charts {
+                println!("{}", chart.write_to(&out)?.display());
+            }
+            Ok(())
+        }
+    }
+}
+
+/// How many trials (cases × policies) a scenario runs.
+fn trials(scenario: &ScenarioFile) -> u64 {
+    (scenario.cases.len() * scenario.policies.len()) as u64
+}
+
+/// Shows the events of a scenario run whose trials come after `done` units on `progress`.
+fn observe(progress: &Progress, done: u64, event: RunEvent<'_>) {
+    match event {
+        RunEvent::Trial { index, label, .. } => progress.start(done + index as u64, label),
+        RunEvent::Elapsed(elapsed) => progress.lab_time(elapsed),
+        _ => {}
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod demo;
 mod lab;
+mod progress;
 mod settings;
 
 use std::path::PathBuf;

@@ -6,7 +6,8 @@
 //! crashes. The same socket runs over real UDP in real time for cross-checks.
 //!
 //! The harness is [`lab`] (hosts, faults, the run loop), [`link`] and [`socket`] (the emulated
-//! network), [`tcp_link`] (the same links' serialization for turmoil TCP), [`scenario`] (scenario files and reports) and [`stats`] (percentiles, rounding). Every
+//! network), [`tcp_link`] (the same links' serialization for turmoil TCP), [`scenario`] (scenario
+//! files and reports) and [`stats`] (percentiles, rounding). Every
 //! experiment is one module under [`experiments`], registered in [`EXPERIMENTS`] under the
 //! scenario `kind` that selects it, with its policies, workloads and typed parameters. Scenario
 //! files (`scenarios/*.toml`, format in `docs/scenarios.md`) are checked against that table when
@@ -14,10 +15,12 @@
 //! experiment bounds by a physical floor ([`experiments::Floor`]) also has its ratio to that floor,
 //! `<floor>_over_floor`. [`sweep`] runs an experiment over randomly drawn cases and reports those
 //! ratios' distributions.
+//! [`plot`] draws reports as SVG charts (`meshwire lab plot`).
 
 pub mod experiments;
 pub mod lab;
 pub mod link;
+pub mod plot;
 pub mod scenario;
 pub mod socket;
 pub mod stats;
@@ -43,6 +46,25 @@ pub enum Mode {
     Realtime,
 }
 
+/// What [`run_scenario_observed`] reports as it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RunEvent<'a> {
+    /// Trial `index` (0-based, of `total` = cases × policies, the cases in file order and each
+    /// under every policy in turn) starts; the trials before it are done.
+    Trial {
+        /// Its position.
+        index: usize,
+        /// How many trials the scenario has.
+        total: usize,
+        /// "case / policy".
+        label: &'a str,
+    },
+    /// The lab time elapsed in the current trial, about every 100 ms of it (experiments that run
+    /// no lab report none).
+    Elapsed(Duration),
+}
+
 /// Runs every case of `scenario` under every policy with `seed`. `progress` hears the case name
 /// and the lab time elapsed in it.
 pub fn run_scenario(
@@ -50,6 +72,20 @@ pub fn run_scenario(
     seed: u64,
     mode: Mode,
     mut progress: impl FnMut(&str, Duration),
+) -> Result<Report, ScenarioError> {
+    let mut current = String::new();
+    run_scenario_observed(scenario, seed, mode, |event| match event {
+        RunEvent::Trial { label, .. } => current = label.to_string(),
+        RunEvent::Elapsed(elapsed) => progress(&current, elapsed),
+    })
+}
+
+/// [`run_scenario`], telling `observe` when each trial starts and how far its lab has run.
+pub fn run_scenario_observed(
+    scenario: &ScenarioFile,
+    seed: u64,
+    mode: Mode,
+    mut observe: impl FnMut(RunEvent<'_>),
 ) -> Result<Report, ScenarioError> {
     let experiment = experiments::find(&scenario.kind).ok_or_else(|| ScenarioError::Invalid {
         path: scenario.name.clone(),
@@ -66,10 +102,16 @@ pub fn run_scenario(
         });
     }
     let mut report = Report::new(scenario, seed);
+    let total = scenario.cases.len() * scenario.policies.len();
     for case in &scenario.cases {
         for policy in &scenario.policies {
             let label = format!("{} / {}", case.name, policy);
-            let mut tick = |elapsed: Duration| progress(&label, elapsed);
+            observe(RunEvent::Trial {
+                index: report.results.len(),
+                total,
+                label: &label,
+            });
+            let mut tick = |elapsed: Duration| observe(RunEvent::Elapsed(elapsed));
             let trial = Trial {
                 scenario: &scenario.name,
                 case,
