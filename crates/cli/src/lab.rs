@@ -43,14 +43,24 @@ pub enum LabCommand {
         #[arg(long, value_name = "K")]
         print_case: Option<usize>,
     },
-    /// Run every scenario in a directory and write the scoreboard (docs/RESULTS.md).
+    /// Run every scenario and every sweep and write the scoreboard (docs/RESULTS.md) with its
+    /// charts.
     Results {
         /// Where the scenario files are.
         #[arg(long, default_value = "scenarios")]
         dir: PathBuf,
+        /// Where the sweep files are.
+        #[arg(long, default_value = "scenarios/sweeps")]
+        sweeps: PathBuf,
+        /// Cases per sweep (default: each file's `cases`).
+        #[arg(long)]
+        sweep_cases: Option<usize>,
         /// Where to write the Markdown.
         #[arg(long, default_value = "docs/RESULTS.md")]
         out: PathBuf,
+        /// Where to write the charts (SVG) the Markdown shows.
+        #[arg(long, default_value = "docs/plots")]
+        plots: PathBuf,
     },
     /// List the scenarios in a directory, one line each, then the experiment kinds they can use.
     List {
@@ -136,62 +146,13 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        LabCommand::Results { dir, out } => {
-            let mut markdown = String::from(RESULTS_HEADER);
-            let mut scenarios = Vec::new();
-            for path in scenario_files(&dir)? {
-                let scenario = ScenarioFile::load(&path)?;
-                let realtime =
-                    experiments::find(&scenario.kind).is_some_and(|experiment| experiment.realtime);
-                scenarios.push((path, scenario, realtime));
-            }
-            let units = scenarios
-                .iter()
-                .map(|(_, scenario, realtime)| trials(scenario) * if *realtime { 2 } else { 1 })
-                .sum();
-            let progress = Progress::new(units);
-            let mut done = 0;
-            for (path, scenario, realtime) in &scenarios {
-                progress.println(format!("running {}", path.display()));
-                let report =
-                    run_scenario_observed(scenario, scenario.seed, Mode::Virtual, |event| {
-                        observe(&progress, done, event)
-                    })
-                    .with_context(|| format!("scenario {} failed", path.display()))?;
-                done += trials(scenario);
-                markdown.push_str(&format!(
-                    "## {}\n\n{}\n\nFile: `{}`. Command: `meshwire lab run {}`.\n\n{}\n",
-                    scenario.name,
-                    scenario.description,
-                    path.display(),
-                    path.display(),
-                    report.to_table()
-                ));
-                if *realtime {
-                    progress.println(format!("running {} on real sockets", path.display()));
-                    let real =
-                        run_scenario_observed(scenario, scenario.seed, Mode::Realtime, |event| {
-                            observe(&progress, done, event)
-                        })
-                        .with_context(|| format!("real-time run of {} failed", path.display()))?;
-                    done += trials(scenario);
-                    markdown.push_str(&format!(
-                        "### {} on real UDP sockets (cross-check)\n\nThe same scenario over \
-                         loopback in real time, the emulated socket adding delay, rate and loss \
-                         in user space. Command: `meshwire lab run --realtime {}`. These numbers \
-                         vary from run to run.\n\n{}\n",
-                        scenario.name,
-                        path.display(),
-                        real.to_table()
-                    ));
-                }
-            }
-            progress.finish();
-            std::fs::write(&out, markdown)
-                .with_context(|| format!("cannot write {}", out.display()))?;
-            eprintln!("wrote {}", out.display());
-            Ok(())
-        }
+        LabCommand::Results {
+            dir,
+            sweeps,
+            sweep_cases,
+            out,
+            plots,
+        } => results(&dir, &sweeps, sweep_cases, &out, &plots),
         LabCommand::List { dir } => {
             for path in scenario_files(&dir)? {
                 let scenario = ScenarioFile::load(&path)?;
@@ -247,6 +208,148 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
     }
 }
 
+/// `meshwire lab results`: every scenario (and its real-time cross-check), then every sweep, into
+/// one Markdown page with charts of each floor ratio.
+fn results(
+    dir: &Path,
+    sweeps_dir: &Path,
+    sweep_cases: Option<usize>,
+    out: &Path,
+    plots: &Path,
+) -> anyhow::Result<()> {
+    let mut markdown = String::from(RESULTS_HEADER);
+    let mut scenarios = Vec::new();
+    for path in scenario_files(dir)? {
+        let scenario = ScenarioFile::load(&path)?;
+        let realtime =
+            experiments::find(&scenario.kind).is_some_and(|experiment| experiment.realtime);
+        scenarios.push((path, scenario, realtime));
+    }
+    let mut sweeps = Vec::new();
+    if sweeps_dir.is_dir() {
+        for path in scenario_files(sweeps_dir)? {
+            let sweep = Sweep::load(&path)?;
+            let cases = sweep_cases.unwrap_or(sweep.file().cases);
+            sweeps.push((path, sweep, cases));
+        }
+    }
+    let units = scenarios
+        .iter()
+        .map(|(_, scenario, realtime)| trials(scenario) * if *realtime { 2 } else { 1 })
+        .sum::<u64>()
+        + sweeps
+            .iter()
+            .map(|(_, sweep, cases)| (cases * sweep.file().policies.len()) as u64)
+            .sum::<u64>();
+    std::fs::create_dir_all(plots).with_context(|| format!("cannot create {}", plots.display()))?;
+    // Charts are linked relative to the page when they sit below its directory.
+    let page_dir = out.parent().unwrap_or(Path::new(""));
+    let link = |chart: &Path| -> String {
+        chart
+            .strip_prefix(page_dir)
+            .unwrap_or(chart)
+            .display()
+            .to_string()
+    };
+    let draw = |json: String, metrics: &[String], origin: &str| -> anyhow::Result<String> {
+        let mut images = String::new();
+        for chart in PlotInput::parse(&json, origin)?.charts(metrics, origin)? {
+            let path = chart.write_to(plots)?;
+            images.push_str(&format!("![{}]({})\n", chart.title, link(&path)));
+        }
+        Ok(images)
+    };
+    let progress = Progress::new(units);
+    let mut done = 0;
+    for (path, scenario, realtime) in &scenarios {
+        progress.println(format!("running {}", path.display()));
+        let report = run_scenario_observed(scenario, scenario.seed, Mode::Virtual, |event| {
+            observe(&progress, done, event)
+        })
+        .with_context(|| format!("scenario {} failed", path.display()))?;
+        done += trials(scenario);
+        markdown.push_str(&format!(
+            "## {}\n\n{}\n\nFile: `{}`. Command: `meshwire lab run {}`.\n\n{}\n",
+            scenario.name,
+            scenario.description,
+            path.display(),
+            path.display(),
+            report.to_table()
+        ));
+        // Each floor's ratio per case and policy, when the kind has floors.
+        let ratios: Vec<String> = experiments::find(&scenario.kind)
+            .map(|experiment| experiment.floors)
+            .unwrap_or_default()
+            .iter()
+            .map(|floor| format!("{}_over_floor", floor.name))
+            .filter(|metric| {
+                report
+                    .results
+                    .iter()
+                    .any(|result| result.metrics.contains_key(metric))
+            })
+            .collect();
+        if !ratios.is_empty() {
+            markdown.push_str(&draw(
+                report.to_json(),
+                &ratios,
+                &path.display().to_string(),
+            )?);
+            markdown.push('\n');
+        }
+        if *realtime {
+            progress.println(format!("running {} on real sockets", path.display()));
+            let real = run_scenario_observed(scenario, scenario.seed, Mode::Realtime, |event| {
+                observe(&progress, done, event)
+            })
+            .with_context(|| format!("real-time run of {} failed", path.display()))?;
+            done += trials(scenario);
+            markdown.push_str(&format!(
+                "### {} on real UDP sockets (cross-check)\n\nThe same scenario over \
+                 loopback in real time, the emulated socket adding delay, rate and loss \
+                 in user space. Command: `meshwire lab run --realtime {}`. These numbers \
+                 vary from run to run.\n\n{}\n",
+                scenario.name,
+                path.display(),
+                real.to_table()
+            ));
+        }
+    }
+    if !sweeps.is_empty() {
+        markdown.push_str(SWEEPS_HEADER);
+    }
+    for (path, sweep, cases) in &sweeps {
+        progress.println(format!("sweeping {}", path.display()));
+        let started = std::time::Instant::now();
+        let mut current = String::new();
+        let base = done;
+        let report = sweep.run(sweep.file().seed, *cases, |step| {
+            if step.trial != current {
+                current = step.trial.to_string();
+                progress.start(base + step.done as u64, step.trial);
+            }
+            progress.lab_time(step.elapsed);
+        });
+        done += (cases * sweep.file().policies.len()) as u64;
+        let file = path.display().to_string();
+        markdown.push_str(&format!(
+            "## Sweep `{}`\n\n{}\n\nFile: `{file}`. Command: `meshwire lab sweep {file} \
+             --cases {cases}` ({:.0} s on the machine that wrote this page).\n\n{}\n{}\n\
+             <details><summary>Every case</summary>\n\n{}\n</details>\n\n",
+            sweep.file().name,
+            sweep.file().description,
+            started.elapsed().as_secs_f64(),
+            report.summary_table(&file),
+            draw(report.to_json(), &[], &file)?,
+            report.cases_table(),
+        ));
+    }
+    progress.finish();
+    std::fs::write(out, markdown).with_context(|| format!("cannot write {}", out.display()))?;
+    eprintln!("wrote {}", out.display());
+    Ok(())
+}
+
 /// How many trials (cases × policies) a scenario runs.
 fn trials(scenario: &ScenarioFile) -> u64 {
     (scenario.cases.len() * scenario.policies.len()) as u64
@@ -272,6 +375,15 @@ Each table lists the metrics per case and policy, then the scenario's anchors: t
 figures (or, for calibration, the theoretical values) the numbers are judged against. Virtual-time\n\
 metrics are deterministic for a seed; `wall_clock_s` is measured on the machine that ran the\n\
 command (a 2-core, 24 GiB machine for the committed page).\n\n";
+
+const SWEEPS_HEADER: &str = "# Sweeps\n\n\
+Each sweep draws cases of one experiment from its seed (paths, sizes and counts nobody tuned for), \
+runs every policy on each with default settings, and reports every result as its ratio to the \
+physical floor (`docs/scenarios.md`, Floors): 1 is the floor, failed cases count as infinitely \
+bad. Per policy and ratio: the distribution over cases, then the worst cases with their drawn \
+link and parameters (rerun one alone with `--print-case K`), a chart of the ratio's distribution \
+(one curve per policy; a curve that ends below 1 has failed cases) and every case. The targets \
+for meshwire's ratios are set by the issues of this wave; these pages report where it stands.\n\n";
 
 /// The `.toml` files in `dir`, sorted.
 pub fn scenario_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {

@@ -884,9 +884,14 @@ impl SweepReport {
         serde_json::to_string(self).unwrap_or_else(|error| format!("{{\"error\":\"{error}\"}}"))
     }
 
-    /// The report as Markdown tables: distributions, worst cases with their drawn values, then
-    /// every case's metric, floor and ratio.
+    /// The report as Markdown tables: [`Self::summary_table`] then [`Self::cases_table`].
     pub fn to_table(&self, file: &str) -> String {
+        format!("{}\n{}", self.summary_table(file), self.cases_table())
+    }
+
+    /// Distributions, worst cases with their drawn values (`file` names the sweep in the rerun
+    /// command) and any result below its floor.
+    pub fn summary_table(&self, file: &str) -> String {
         let show = |value: Option<f64>| value.map_or("failed".to_string(), format_number);
         let mut out = format!(
             "sweep `{}` (kind {}, workload {}, seed {}, {} cases)\n\n",
@@ -945,7 +950,12 @@ impl SweepReport {
                 ));
             }
         }
-        out.push_str("\n| case | policy | ratio | metric | floor | ratio value |\n");
+        out
+    }
+
+    /// Every case's metric, floor and ratio per policy, or its failure.
+    pub fn cases_table(&self) -> String {
+        let mut out = String::from("| case | policy | ratio | metric | floor | ratio value |\n");
         out.push_str("|---|---|---|---|---|---|\n");
         for case in &self.cases {
             for run in &case.results {
