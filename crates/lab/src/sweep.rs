@@ -906,6 +906,13 @@ impl SweepReport {
              |---|---|---|---|---|---|---|---|---|\n",
         );
         for d in &self.distributions {
+            if d.cases == 0 {
+                out.push_str(&format!(
+                    "| {} | {} | 0 | 0 | no case reported {} | | | | |\n",
+                    d.policy, d.ratio, d.ratio
+                ));
+                continue;
+            }
             out.push_str(&format!(
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 d.policy,
