@@ -12,7 +12,7 @@ use std::time::Duration;
 use meshwire::{Keypair, Metrics, Node, NodeConfig, PeerId};
 
 use crate::link::{LinkSpec, Rate};
-use crate::socket::{LabSocket, Network, SocketStats};
+use crate::socket::{Carrier, LabSocket, Network, SocketStats};
 
 /// UDP port every lab node listens on.
 pub const NODE_PORT: u16 = 7000;
@@ -220,7 +220,7 @@ impl Lab {
         Self::with_backend(
             Backend::Simulated(Box::new(sim)),
             seed,
-            Network::new(default, true),
+            Network::new(default, Carrier::Turmoil),
         )
     }
 
@@ -233,7 +233,7 @@ impl Lab {
             clients: Vec::new(),
             ips: BTreeMap::new(),
         };
-        Self::with_backend(backend, seed, Network::new(default, false))
+        Self::with_backend(backend, seed, Network::new(default, Carrier::Loopback))
     }
 
     fn with_backend(backend: Backend, seed: u64, network: Arc<Network>) -> Self {

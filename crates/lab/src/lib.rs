@@ -3,7 +3,9 @@
 //! The lab puts unmodified [`meshwire::Node`]s on turmoil hosts. Each node's QUIC endpoint runs on
 //! a [`socket::LabSocket`], which adds what turmoil lacks — per-link serialization at a rate, bounded
 //! drop-tail queues, i.i.d. loss, jitter, ECN — while turmoil provides latency, partitions and
-//! crashes. The same socket runs over real UDP in real time for cross-checks.
+//! crashes. The same socket runs over real UDP in real time for cross-checks ([`Mode::Realtime`]):
+//! there the sending socket emulates each link's egress (rate, queue) and the receiving socket its
+//! path (delay, jitter, loss), on loopback addresses, every host on one thread.
 //!
 //! The harness is [`lab`] (hosts, faults, the run loop), [`link`] and [`socket`] (the emulated
 //! network), [`tcp_link`] (the same links' serialization for turmoil TCP), [`scenario`] (scenario
@@ -33,7 +35,7 @@ pub use experiments::{Experiment, Trial, EXPERIMENTS};
 pub use lab::{HostContext, Lab, LabError, LabEvent};
 pub use link::{LinkSpec, Rate};
 pub use scenario::{CaseResult, Report, ScenarioError, ScenarioFile};
-pub use socket::{LabSocket, Network, SocketStats};
+pub use socket::{Carrier, LabSocket, Network, SocketStats};
 pub use sweep::{Sweep, SweepError, SweepReport};
 
 /// How to run a scenario.

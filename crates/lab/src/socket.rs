@@ -3,24 +3,33 @@
 //! # Design
 //!
 //! [`LabSocket`] implements [`quinn::AsyncUdpSocket`] over one of two transports: turmoil's
-//! simulated UDP (virtual time; turmoil adds propagation delay, partitions and crashes) or a real
-//! tokio UDP socket (real time; the adapter adds the delay itself). On every transmit it:
+//! simulated UDP (virtual time) or a real UDP socket (real time). The [`Carrier`] of the
+//! [`Network`] says what the layer underneath already does, and so what the socket emulates:
 //!
-//! 1. draws i.i.d. loss from the scenario's seeded RNG,
-//! 2. passes the datagram through the host's optional uplink [`Pacer`] and then the directed
-//!    link's pacer (serialization at the link rate, bounded drop-tail queue),
-//! 3. adds the part of the propagation delay the transport does not add, plus jitter,
-//! 4. sends it at once if it is due and nothing is waiting, else hands it to the egress task,
-//!    which sends datagrams in departure order.
+//! - [`Carrier::Turmoil`]: turmoil adds each pair's propagation delay, partitions and crashes. On
+//!   every transmit the socket draws i.i.d. loss from the scenario's seeded RNG, passes the datagram
+//!   through the host's optional uplink [`Pacer`] and the directed link's pacer (serialization at
+//!   the link rate, bounded drop-tail queue), adds the part of the latency turmoil does not add plus
+//!   jitter, and sends it when that time comes.
+//! - [`Carrier::Loopback`]: real sockets with nothing in between. The sender emulates the egress
+//!   (uplink and link pacers, drop-tail queues) and the receiver the path: it drops i.i.d. losses
+//!   and holds every datagram for the link's latency plus jitter before quinn sees it.
+//!
+//! Datagrams that are due go out at once; the rest wait in a departure-ordered heap that an
+//! egress task drains on each timer wake-up, releasing every datagram whose time has passed (tokio
+//! timers tick every millisecond, so one wake-up may carry many datagrams). On real sockets the
+//! datagrams released together go out as few `sendmsg` calls as possible (UDP GSO, quinn-udp), and
+//! the receiver reads with GRO and `recvmmsg`; the kernel buffers are enlarged (up to
+//! `net.core.rmem_max`/`wmem_max`) so a millisecond's burst at a gigabit fits.
 //!
 //! Each datagram carries one extra leading byte holding its ECN codepoint, so ECN marks set by
 //! quinn arrive at the peer as they were sent (nothing marks congestion: there is no AQM). Link
-//! rates count the UDP payload quinn sends, without that byte. One segment per transmit (no GSO),
-//! and the MTU is whatever the node pins. Inbound datagrams are read by a task into a bounded
+//! rates count the UDP payload quinn sends, without that byte. Over turmoil one segment per
+//! transmit (no GSO), and the MTU is whatever the node pins. Inbound datagrams wait in a bounded
 //! channel; when quinn does not keep up, the overflow is dropped and counted, like a socket buffer.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fmt;
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
@@ -32,9 +41,10 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use meshwire_alloc_count::{untracked, Untracked};
-use quinn::udp::{EcnCodepoint, RecvMeta, Transmit};
+use quinn::udp::{EcnCodepoint, RecvMeta, Transmit, UdpSocketState};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use tokio::io::Interest;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -42,6 +52,19 @@ use crate::link::{LinkSpec, Pacer};
 
 /// Datagrams a socket buffers on receive before dropping (well above any in-flight window here).
 const RECEIVE_QUEUE: usize = 1 << 16;
+/// Kernel buffer asked for on real sockets: a few milliseconds at a gigabit, more than one timer
+/// wake-up releases. The kernel caps it at `net.core.rmem_max` / `wmem_max` (4 MiB here) and
+/// doubles what it grants for its own bookkeeping; the default (208 KiB) dropped bursts.
+const REAL_SOCKET_BUFFER: usize = 8 << 20;
+/// Real-time stages release what is due within this much of now. tokio's timers fire on
+/// millisecond ticks, up to a tick after their deadline: waking half a tick early and releasing
+/// what is due within half a tick centres each stage's error on zero (±0.5 ms) instead of adding
+/// half a millisecond on average to every stage (four per round trip).
+const HALF_TICK: Duration = Duration::from_micros(500);
+/// Bytes one GSO send may carry (the kernel refuses a UDP datagram train above 64 KiB).
+const GSO_MAX_BYTES: usize = 65_000;
+/// Bytes of one receive buffer: a whole GRO train (up to 64 segments) or the largest datagram.
+const RECEIVE_SLOT: usize = 64 * 1536;
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
@@ -49,12 +72,24 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// What carries the emulated sockets' datagrams, and so which parts of a link the sockets
+/// emulate themselves (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carrier {
+    /// turmoil, virtual time: it adds each pair's symmetric latency; the sockets do the rest on
+    /// send.
+    Turmoil,
+    /// Real UDP sockets with nothing in between: the sender paces and queues, the receiver
+    /// delays, jitters and loses.
+    Loopback,
+}
+
 /// The emulated network's link table: a spec per directed link, a default, optional host uplinks.
 /// Shared by every socket and changeable while a scenario runs.
 #[derive(Debug)]
 pub struct Network {
     table: Mutex<Table>,
-    transport_adds_latency: bool,
+    carrier: Carrier,
 }
 
 #[derive(Debug, Clone)]
@@ -62,22 +97,40 @@ struct Table {
     default: LinkSpec,
     links: HashMap<(IpAddr, IpAddr), LinkSpec>,
     uplinks: HashMap<IpAddr, LinkSpec>,
-    blocked: std::collections::HashSet<(IpAddr, IpAddr)>,
+    blocked: HashSet<(IpAddr, IpAddr)>,
+}
+
+impl Table {
+    fn link(&self, from: IpAddr, to: IpAddr) -> LinkSpec {
+        self.links.get(&(from, to)).copied().unwrap_or(self.default)
+    }
+}
+
+/// Everything a send from `from` to `to` needs to know, read under one lock.
+struct Route {
+    spec: LinkSpec,
+    uplink: Option<LinkSpec>,
+    blocked: bool,
+    transport_latency: Duration,
 }
 
 impl Network {
-    /// A network whose links all follow `default` until set otherwise. `transport_adds_latency`
-    /// is true under turmoil, which delays each datagram by the pair's symmetric latency itself.
-    pub fn new(default: LinkSpec, transport_adds_latency: bool) -> Arc<Self> {
+    /// A network whose links all follow `default` until set otherwise, carried by `carrier`.
+    pub fn new(default: LinkSpec, carrier: Carrier) -> Arc<Self> {
         Arc::new(Self {
             table: Mutex::new(Table {
                 default,
                 links: HashMap::new(),
                 uplinks: HashMap::new(),
-                blocked: std::collections::HashSet::new(),
+                blocked: HashSet::new(),
             }),
-            transport_adds_latency,
+            carrier,
         })
+    }
+
+    /// What carries this network's datagrams.
+    pub fn carrier(&self) -> Carrier {
+        self.carrier
     }
 
     /// Sets the spec of the directed link `from -> to`.
@@ -96,10 +149,6 @@ impl Network {
         }
     }
 
-    fn is_blocked(&self, from: IpAddr, to: IpAddr) -> bool {
-        lock(&self.table).blocked.contains(&(from, to))
-    }
-
     /// Sets a shared uplink that every datagram from `host` passes before its link.
     pub fn set_uplink(&self, host: IpAddr, spec: LinkSpec) {
         lock(&self.table).uplinks.insert(host, spec);
@@ -107,25 +156,36 @@ impl Network {
 
     /// The spec of the directed link `from -> to`.
     pub fn link(&self, from: IpAddr, to: IpAddr) -> LinkSpec {
-        let table = lock(&self.table);
-        table
-            .links
-            .get(&(from, to))
-            .copied()
-            .unwrap_or(table.default)
-    }
-
-    fn uplink(&self, host: IpAddr) -> Option<LinkSpec> {
-        lock(&self.table).uplinks.get(&host).copied()
+        lock(&self.table).link(from, to)
     }
 
     /// The delay the transport itself adds between `a` and `b` (the same both ways): the smaller
     /// of the two directions' latencies under turmoil, zero on real sockets.
     pub fn transport_latency(&self, a: IpAddr, b: IpAddr) -> Duration {
-        if !self.transport_adds_latency {
-            return Duration::ZERO;
+        let table = lock(&self.table);
+        self.latency_in(&table, a, b)
+    }
+
+    fn latency_in(&self, table: &Table, a: IpAddr, b: IpAddr) -> Duration {
+        match self.carrier {
+            Carrier::Turmoil => table.link(a, b).latency.min(table.link(b, a).latency),
+            Carrier::Loopback => Duration::ZERO,
         }
-        self.link(a, b).latency.min(self.link(b, a).latency)
+    }
+
+    fn route(&self, from: IpAddr, to: IpAddr) -> Route {
+        let table = lock(&self.table);
+        Route {
+            spec: table.link(from, to),
+            uplink: table.uplinks.get(&from).copied(),
+            blocked: table.blocked.contains(&(from, to)),
+            transport_latency: self.latency_in(&table, from, to),
+        }
+    }
+
+    /// Whether the receiver emulates the path (delay, jitter, loss): on real sockets.
+    fn receiver_emulates_path(&self) -> bool {
+        self.carrier != Carrier::Turmoil
     }
 }
 
@@ -136,12 +196,15 @@ pub struct SocketStats {
     pub sent: AtomicU64,
     /// Bytes handed to the transport (quinn's payload, without the ECN byte).
     pub sent_bytes: AtomicU64,
-    /// Datagrams dropped by emulated loss.
+    /// Datagrams dropped by emulated loss (by the sender over turmoil, by the receiver on real
+    /// sockets).
     pub lost: AtomicU64,
     /// Datagrams dropped because a queue was full.
     pub queue_drops: AtomicU64,
     /// Datagrams dropped because the link was cut (real-time partitions).
     pub blocked: AtomicU64,
+    /// Datagrams the kernel refused because the socket's send buffer was full (real sockets).
+    pub send_buffer_drops: AtomicU64,
     /// Datagrams received and passed to quinn.
     pub received: AtomicU64,
     /// Datagrams dropped because quinn did not read them fast enough.
@@ -155,11 +218,170 @@ impl SocketStats {
     }
 }
 
+/// A real UDP socket driven through quinn-udp (GSO on send, GRO and `recvmmsg` on receive).
+struct RealUdp {
+    io: tokio::net::UdpSocket,
+    state: UdpSocketState,
+}
+
+impl RealUdp {
+    fn bind(address: SocketAddr) -> io::Result<Self> {
+        let domain = socket2::Domain::for_address(address);
+        let socket =
+            socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+        socket.set_recv_buffer_size(REAL_SOCKET_BUFFER)?;
+        socket.set_send_buffer_size(REAL_SOCKET_BUFFER)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&address.into())?;
+        tracing::debug!(
+            %address,
+            receive_buffer = socket.recv_buffer_size()?,
+            send_buffer = socket.send_buffer_size()?,
+            "real lab socket"
+        );
+        let io = tokio::net::UdpSocket::from_std(socket.into())?;
+        let state = UdpSocketState::new((&io).into())?;
+        Ok(Self { io, state })
+    }
+
+    /// Datagrams one send may carry.
+    fn max_segments(&self) -> usize {
+        self.state.max_gso_segments().max(1)
+    }
+
+    /// Sends `contents` to `to`, as datagrams of `segment_size` if given. Returns whether the
+    /// kernel took it (a full send buffer drops it, as a link would).
+    fn send(&self, to: SocketAddr, contents: &[u8], segment_size: Option<usize>) -> bool {
+        let transmit = Transmit {
+            destination: to,
+            ecn: None,
+            contents,
+            segment_size,
+            src_ip: None,
+        };
+        // Straight to the kernel, not through tokio's readiness: a socket tokio has not yet seen
+        // writable would refuse the first datagrams (an early loss that ends QUIC's slow start).
+        match self.state.send((&self.io).into(), &transmit) {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::trace!(%error, "real send refused");
+                false
+            }
+        }
+    }
+}
+
+/// Datagrams for one destination gathered into one GSO send: equal-sized segments, the last
+/// possibly shorter.
+struct GsoBatch {
+    to: Option<SocketAddr>,
+    buffer: Vec<u8>,
+    segment: usize,
+    count: usize,
+    closed: bool,
+}
+
+impl GsoBatch {
+    fn new() -> Self {
+        Self {
+            to: None,
+            buffer: Vec::with_capacity(GSO_MAX_BYTES),
+            segment: 0,
+            count: 0,
+            closed: false,
+        }
+    }
+
+    /// Appends the datagram `head ++ body` if it fits this batch.
+    fn try_push(&mut self, to: SocketAddr, head: &[u8], body: &[u8], max: usize) -> bool {
+        let len = head.len() + body.len();
+        let fits = match self.to {
+            None => true,
+            Some(current) => {
+                current == to
+                    && !self.closed
+                    && len <= self.segment
+                    && self.count < max
+                    && self.buffer.len() + len <= GSO_MAX_BYTES
+            }
+        };
+        if !fits {
+            return false;
+        }
+        if self.to.is_none() {
+            self.to = Some(to);
+            self.segment = len;
+        }
+        // A shorter datagram can only be the last segment.
+        self.closed = len < self.segment;
+        self.buffer.extend_from_slice(head);
+        self.buffer.extend_from_slice(body);
+        self.count += 1;
+        true
+    }
+
+    /// Sends the batch; returns how many datagrams it held and whether the kernel took them.
+    fn flush(&mut self, socket: &RealUdp) -> (u64, bool) {
+        let Some(to) = self.to.take() else {
+            return (0, true);
+        };
+        let segment_size = (self.count > 1).then_some(self.segment);
+        let sent = socket.send(to, &self.buffer, segment_size);
+        let count = self.count as u64;
+        self.buffer.clear();
+        self.count = 0;
+        self.closed = false;
+        (count, sent)
+    }
+}
+
+/// Sends datagrams, gathering runs for one destination into GSO sends.
+struct RealSender<'a> {
+    socket: &'a RealUdp,
+    stats: &'a SocketStats,
+    batch: GsoBatch,
+    max: usize,
+}
+
+impl<'a> RealSender<'a> {
+    fn new(socket: &'a RealUdp, stats: &'a SocketStats) -> Self {
+        Self {
+            socket,
+            stats,
+            batch: GsoBatch::new(),
+            max: socket.max_segments(),
+        }
+    }
+
+    fn push(&mut self, to: SocketAddr, head: &[u8], body: &[u8]) {
+        if !self.batch.try_push(to, head, body, self.max) {
+            self.flush();
+            self.batch.try_push(to, head, body, self.max);
+        }
+    }
+
+    fn flush(&mut self) {
+        let (count, sent) = self.batch.flush(self.socket);
+        let counter = if sent {
+            &self.stats.sent
+        } else {
+            &self.stats.send_buffer_drops
+        };
+        counter.fetch_add(count, Ordering::Relaxed);
+    }
+}
+
+impl Drop for RealSender<'_> {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 /// The UDP socket underneath: turmoil's simulated one or a real one.
 #[derive(Clone)]
 enum Transport {
     Simulated(Arc<turmoil::net::UdpSocket>),
-    Real(Arc<tokio::net::UdpSocket>),
+    Real(Arc<RealUdp>),
 }
 
 impl fmt::Debug for Transport {
@@ -167,27 +389,6 @@ impl fmt::Debug for Transport {
         match self {
             Self::Simulated(_) => f.write_str("Simulated"),
             Self::Real(_) => f.write_str("Real"),
-        }
-    }
-}
-
-impl Transport {
-    fn try_send_to(&self, bytes: &[u8], to: SocketAddr) -> io::Result<()> {
-        match self {
-            Self::Simulated(socket) => socket.try_send_to(bytes, to).map(|_| ()),
-            Self::Real(socket) => match socket.try_send_to(bytes, to) {
-                Ok(_) => Ok(()),
-                // A full kernel buffer is a drop on the wire, as on a real link.
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => Ok(()),
-                Err(error) => Err(error),
-            },
-        }
-    }
-
-    async fn recv_from(&self, buffer: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
-        match self {
-            Self::Simulated(socket) => socket.recv_from(buffer).await,
-            Self::Real(socket) => socket.recv_from(buffer).await,
         }
     }
 }
@@ -222,6 +423,16 @@ struct Egress {
     links: HashMap<IpAddr, Pacer>,
     sequence: u64,
     waiting: Arc<AtomicU64>,
+}
+
+/// Where one datagram goes after the sender's emulation.
+enum Verdict {
+    /// Dropped (and counted).
+    Dropped,
+    /// Due now, and nothing is waiting before it.
+    Now,
+    /// Due at this time.
+    At(Instant),
 }
 
 /// A quinn socket over an emulated link layer. See the module documentation.
@@ -263,14 +474,15 @@ impl LabSocket {
         ))
     }
 
-    /// Binds a real UDP socket at `address`; the adapter adds all of each link's delay itself.
+    /// Binds a real UDP socket at `address`; the adapter adds each link's delay, jitter and loss
+    /// on receive, and its rate and queue on send unless the network's carrier does.
     pub async fn bind_real(
         address: SocketAddr,
         network: Arc<Network>,
         seed: u64,
     ) -> io::Result<Arc<Self>> {
-        let socket = tokio::net::UdpSocket::bind(address).await?;
-        let local = socket.local_addr()?;
+        let socket = RealUdp::bind(address)?;
+        let local = socket.io.local_addr()?;
         Ok(Self::start(
             local,
             Transport::Real(Arc::new(socket)),
@@ -297,11 +509,27 @@ impl LabSocket {
             waiting.clone(),
             stats.clone(),
         )));
-        tokio::spawn(Untracked::new(ingress_loop(
-            transport.clone(),
-            inbound_tx,
-            stats.clone(),
-        )));
+        match &transport {
+            Transport::Simulated(socket) => {
+                tokio::spawn(Untracked::new(simulated_ingress(
+                    socket.clone(),
+                    inbound_tx,
+                    stats.clone(),
+                )));
+            }
+            Transport::Real(socket) => {
+                // The receiver's own stream of loss and jitter draws.
+                let rng = SmallRng::seed_from_u64(seed ^ 0x5eed_0f_1a7e_u64);
+                tokio::spawn(Untracked::new(real_ingress(
+                    socket.clone(),
+                    local,
+                    network.clone(),
+                    rng,
+                    inbound_tx,
+                    stats.clone(),
+                )));
+            }
+        }
         Arc::new(Self {
             local,
             transport,
@@ -326,29 +554,75 @@ impl LabSocket {
 
     /// Sends one datagram through the emulated link (used by calibration to send raw datagrams).
     pub fn send_datagram(&self, to: SocketAddr, payload: &[u8], ecn: Option<EcnCodepoint>) {
-        untracked(|| self.emulate_send(to, payload, ecn));
+        untracked(|| self.send_segments(to, payload, payload.len().max(1), ecn));
     }
 
-    fn emulate_send(&self, to: SocketAddr, payload: &[u8], ecn: Option<EcnCodepoint>) {
-        let now = Instant::now();
-        let spec = self.network.link(self.local.ip(), to.ip());
-        let uplink = self.network.uplink(self.local.ip());
-        if self.network.is_blocked(self.local.ip(), to.ip()) {
-            self.stats.blocked.fetch_add(1, Ordering::Relaxed);
-            return;
+    /// Sends `contents` as datagrams of `segment` bytes (the last may be shorter).
+    fn send_segments(
+        &self,
+        to: SocketAddr,
+        contents: &[u8],
+        segment: usize,
+        ecn: Option<EcnCodepoint>,
+    ) {
+        let head = [ecn.map_or(0, |ecn| ecn as u8)];
+        let mut real = match &self.transport {
+            Transport::Real(socket) => Some(RealSender::new(socket, &self.stats)),
+            Transport::Simulated(_) => None,
+        };
+        let segments: Box<dyn Iterator<Item = &[u8]>> = if contents.is_empty() {
+            Box::new(std::iter::once(contents))
+        } else {
+            Box::new(contents.chunks(segment))
+        };
+        for payload in segments {
+            match self.emulate_send(to, payload) {
+                Verdict::Dropped => {}
+                Verdict::Now => match (&mut real, &self.transport) {
+                    (Some(sender), _) => sender.push(to, &head, payload),
+                    (None, Transport::Simulated(socket)) => {
+                        self.stats.sent.fetch_add(1, Ordering::Relaxed);
+                        let bytes = wire(&head, payload);
+                        if let Err(error) = socket.try_send_to(&bytes, to) {
+                            tracing::trace!(%error, "emulated send failed");
+                        }
+                    }
+                    (None, Transport::Real(_)) => {}
+                },
+                Verdict::At(at) => {
+                    // What was gathered for now leaves before anything scheduled later.
+                    if let Some(sender) = &mut real {
+                        sender.flush();
+                    }
+                    self.schedule(at, to, wire(&head, payload));
+                }
+            }
         }
+    }
+
+    /// Applies the sender's part of the link to one datagram: partition, loss (over turmoil),
+    /// uplink and link queues, latency and jitter (over turmoil).
+    fn emulate_send(&self, to: SocketAddr, payload: &[u8]) -> Verdict {
+        let now = Instant::now();
+        let route = self.network.route(self.local.ip(), to.ip());
+        if route.blocked {
+            self.stats.blocked.fetch_add(1, Ordering::Relaxed);
+            return Verdict::Dropped;
+        }
+        let spec = route.spec;
+        let path_on_send = !self.network.receiver_emulates_path();
         let mut egress = lock(&self.egress);
-        if spec.loss > 0.0 && egress.rng.random::<f64>() < spec.loss {
+        if path_on_send && spec.loss > 0.0 && egress.rng.random::<f64>() < spec.loss {
             self.stats.lost.fetch_add(1, Ordering::Relaxed);
-            return;
+            return Verdict::Dropped;
         }
         let len = payload.len();
-        let after_uplink = match uplink {
+        let after_uplink = match route.uplink {
             Some(uplink) => match egress.uplink.admit(now, len, &uplink) {
                 Ok(done) => done,
                 Err(_) => {
                     self.stats.queue_drops.fetch_add(1, Ordering::Relaxed);
-                    return;
+                    return Verdict::Dropped;
                 }
             },
             None => now,
@@ -362,39 +636,39 @@ impl LabSocket {
             Ok(done) => done,
             Err(_) => {
                 self.stats.queue_drops.fetch_add(1, Ordering::Relaxed);
-                return;
+                return Verdict::Dropped;
             }
         };
-        let extra = spec
-            .latency
-            .saturating_sub(self.network.transport_latency(self.local.ip(), to.ip()));
-        let jitter = if spec.jitter.is_zero() {
-            Duration::ZERO
+        let at = if path_on_send {
+            let extra = spec.latency.saturating_sub(route.transport_latency);
+            let jitter = if spec.jitter.is_zero() {
+                Duration::ZERO
+            } else {
+                Duration::from_nanos(egress.rng.random_range(0..=spec.jitter.as_nanos() as u64))
+            };
+            departs + extra + jitter
         } else {
-            Duration::from_nanos(egress.rng.random_range(0..=spec.jitter.as_nanos() as u64))
+            departs
         };
-        let at = departs + extra + jitter;
-        let mut bytes = BytesMut::with_capacity(len + 1);
-        bytes.put_u8(ecn.map_or(0, |ecn| ecn as u8));
-        bytes.put_slice(payload);
         self.stats
             .sent_bytes
             .fetch_add(len as u64, Ordering::Relaxed);
-        if at <= now && egress.waiting.load(Ordering::Relaxed) == 0 {
-            drop(egress);
-            self.stats.sent.fetch_add(1, Ordering::Relaxed);
-            if let Err(error) = self.transport.try_send_to(&bytes, to) {
-                tracing::trace!(%error, "emulated send failed");
-            }
-            return;
+        let horizon = if path_on_send { now } else { now + HALF_TICK };
+        if at <= horizon && egress.waiting.load(Ordering::Relaxed) == 0 {
+            return Verdict::Now;
         }
+        Verdict::At(at)
+    }
+
+    fn schedule(&self, at: Instant, to: SocketAddr, bytes: Bytes) {
+        let mut egress = lock(&self.egress);
         egress.sequence += 1;
         egress.waiting.fetch_add(1, Ordering::Relaxed);
         let item = Scheduled {
             at,
             sequence: egress.sequence,
             to,
-            bytes: bytes.freeze(),
+            bytes,
         };
         if self.scheduled.send(item).is_err() {
             egress.waiting.fetch_sub(1, Ordering::Relaxed);
@@ -407,8 +681,30 @@ impl LabSocket {
     }
 }
 
+/// A datagram as it travels: the ECN byte, then the payload.
+fn wire(head: &[u8], payload: &[u8]) -> Bytes {
+    let mut bytes = BytesMut::with_capacity(head.len() + payload.len());
+    bytes.put_slice(head);
+    bytes.put_slice(payload);
+    bytes.freeze()
+}
+
+/// Sends scheduled datagrams in departure order: each timer wake-up releases every datagram whose
+/// time has passed.
 async fn egress_loop(
     transport: Transport,
+    queue: mpsc::UnboundedReceiver<Scheduled>,
+    waiting: Arc<AtomicU64>,
+    stats: Arc<SocketStats>,
+) {
+    match transport {
+        Transport::Simulated(socket) => simulated_egress(socket, queue, waiting, stats).await,
+        Transport::Real(socket) => real_egress(socket, queue, waiting, stats).await,
+    }
+}
+
+async fn simulated_egress(
+    socket: Arc<turmoil::net::UdpSocket>,
     mut queue: mpsc::UnboundedReceiver<Scheduled>,
     waiting: Arc<AtomicU64>,
     stats: Arc<SocketStats>,
@@ -426,7 +722,7 @@ async fn egress_loop(
                 while heap.peek().is_some_and(|Reverse(item)| item.at <= now) {
                     let Some(Reverse(item)) = heap.pop() else { break };
                     stats.sent.fetch_add(1, Ordering::Relaxed);
-                    if let Err(error) = transport.try_send_to(&item.bytes, item.to) {
+                    if let Err(error) = socket.try_send_to(&item.bytes, item.to) {
                         tracing::trace!(%error, "emulated send failed");
                     }
                     waiting.fetch_sub(1, Ordering::Relaxed);
@@ -436,14 +732,56 @@ async fn egress_loop(
     }
 }
 
-async fn ingress_loop(
-    transport: Transport,
+/// Like [`simulated_egress`], but what one wake-up releases leaves in GSO trains.
+async fn real_egress(
+    socket: Arc<RealUdp>,
+    mut queue: mpsc::UnboundedReceiver<Scheduled>,
+    waiting: Arc<AtomicU64>,
+    stats: Arc<SocketStats>,
+) {
+    let mut heap: BinaryHeap<Reverse<Scheduled>> = BinaryHeap::new();
+    loop {
+        let next = heap.peek().map(|Reverse(item)| item.at);
+        tokio::select! {
+            item = queue.recv() => match item {
+                Some(item) => {
+                    heap.push(Reverse(item));
+                    while let Ok(item) = queue.try_recv() {
+                        heap.push(Reverse(item));
+                    }
+                }
+                None => return,
+            },
+            () = sleep_until_near(next), if next.is_some() => {}
+        }
+        let horizon = Instant::now() + HALF_TICK;
+        let mut sender = RealSender::new(&socket, &stats);
+        while heap.peek().is_some_and(|Reverse(item)| item.at <= horizon) {
+            let Some(Reverse(item)) = heap.pop() else {
+                break;
+            };
+            sender.push(item.to, &[], &item.bytes);
+            waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Sleeps until half a tick before `at` (see [`HALF_TICK`]); forever without one.
+async fn sleep_until_near(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.checked_sub(HALF_TICK).unwrap_or(at)).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn simulated_ingress(
+    socket: Arc<turmoil::net::UdpSocket>,
     inbound: mpsc::Sender<(Bytes, SocketAddr)>,
     stats: Arc<SocketStats>,
 ) {
     let mut buffer = vec![0u8; 65_536];
     loop {
-        let (len, from) = match transport.recv_from(&mut buffer).await {
+        let (len, from) = match socket.recv_from(&mut buffer).await {
             Ok(received) => received,
             Err(error) => {
                 tracing::debug!(%error, "emulated socket closed");
@@ -453,14 +791,123 @@ async fn ingress_loop(
         if len == 0 {
             continue;
         }
-        match inbound.try_send((Bytes::copy_from_slice(&buffer[..len]), from)) {
-            Ok(()) => {
-                stats.received.fetch_add(1, Ordering::Relaxed);
+        if !deliver(
+            &inbound,
+            &stats,
+            Bytes::copy_from_slice(&buffer[..len]),
+            from,
+        ) {
+            return;
+        }
+    }
+}
+
+/// Hands one datagram to quinn's side; false once nobody reads any more.
+fn deliver(
+    inbound: &mpsc::Sender<(Bytes, SocketAddr)>,
+    stats: &SocketStats,
+    bytes: Bytes,
+    from: SocketAddr,
+) -> bool {
+    match inbound.try_send((bytes, from)) {
+        Ok(()) => {
+            stats.received.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            stats.receive_drops.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => false,
+    }
+}
+
+/// Reads a real socket in batches and emulates the path: loss, then a delay line holding each
+/// datagram for its link's latency plus jitter.
+async fn real_ingress(
+    socket: Arc<RealUdp>,
+    local: SocketAddr,
+    network: Arc<Network>,
+    mut rng: SmallRng,
+    inbound: mpsc::Sender<(Bytes, SocketAddr)>,
+    stats: Arc<SocketStats>,
+) {
+    let slots = quinn::udp::BATCH_SIZE;
+    let mut buffer = vec![0u8; slots * RECEIVE_SLOT];
+    let mut meta = vec![RecvMeta::default(); slots];
+    let mut held: BinaryHeap<Reverse<Scheduled>> = BinaryHeap::new();
+    let mut sequence = 0u64;
+    loop {
+        let next = held.peek().map(|Reverse(item)| item.at);
+        tokio::select! {
+            ready = socket.io.readable() => {
+                if let Err(error) = ready {
+                    tracing::debug!(%error, "real lab socket closed");
+                    return;
+                }
+                // Drain what the kernel holds, a bounded number of batches per wake-up.
+                for _ in 0..16 {
+                    let mut slices: Vec<IoSliceMut<'_>> =
+                        buffer.chunks_mut(RECEIVE_SLOT).map(IoSliceMut::new).collect();
+                    let received = socket.io.try_io(Interest::READABLE, || {
+                        socket.state.recv((&socket.io).into(), &mut slices, &mut meta)
+                    });
+                    let count = match received {
+                        Ok(count) => count,
+                        Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(error) => {
+                            tracing::debug!(%error, "real lab socket receive failed");
+                            break;
+                        }
+                    };
+                    let now = Instant::now();
+                    for (slot, meta) in meta.iter().take(count).enumerate() {
+                        let data = &buffer[slot * RECEIVE_SLOT..slot * RECEIVE_SLOT + meta.len];
+                        let spec = network.link(meta.addr.ip(), local.ip());
+                        for datagram in data.chunks(meta.stride.max(1)) {
+                            if datagram.is_empty() {
+                                continue;
+                            }
+                            if spec.loss > 0.0 && rng.random::<f64>() < spec.loss {
+                                stats.lost.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            }
+                            let jitter = if spec.jitter.is_zero() {
+                                Duration::ZERO
+                            } else {
+                                Duration::from_nanos(
+                                    rng.random_range(0..=spec.jitter.as_nanos() as u64),
+                                )
+                            };
+                            let at = now + spec.latency + jitter;
+                            let bytes = Bytes::copy_from_slice(datagram);
+                            if at <= now + HALF_TICK && held.is_empty() {
+                                if !deliver(&inbound, &stats, bytes, meta.addr) {
+                                    return;
+                                }
+                                continue;
+                            }
+                            sequence += 1;
+                            held.push(Reverse(Scheduled {
+                                at,
+                                sequence,
+                                to: meta.addr,
+                                bytes,
+                            }));
+                        }
+                    }
+                }
             }
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                stats.receive_drops.fetch_add(1, Ordering::Relaxed);
+            () = sleep_until_near(next), if next.is_some() => {}
+        }
+        let horizon = Instant::now() + HALF_TICK;
+        while held.peek().is_some_and(|Reverse(item)| item.at <= horizon) {
+            let Some(Reverse(item)) = held.pop() else {
+                break;
+            };
+            if !deliver(&inbound, &stats, item.bytes, item.to) {
+                return;
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => return,
         }
     }
 }
@@ -481,14 +928,18 @@ impl quinn::AsyncUdpSocket for LabSocket {
     }
 
     fn try_send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
-        match transmit.segment_size {
-            Some(size) if size < transmit.contents.len() => {
-                for segment in transmit.contents.chunks(size) {
-                    self.send_datagram(transmit.destination, segment, transmit.ecn);
-                }
-            }
-            _ => self.send_datagram(transmit.destination, transmit.contents, transmit.ecn),
-        }
+        let segment = match transmit.segment_size {
+            Some(size) if size > 0 => size,
+            _ => transmit.contents.len().max(1),
+        };
+        untracked(|| {
+            self.send_segments(
+                transmit.destination,
+                transmit.contents,
+                segment,
+                transmit.ecn,
+            )
+        });
         Ok(())
     }
 
@@ -503,6 +954,14 @@ impl quinn::AsyncUdpSocket for LabSocket {
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
         Ok(self.local)
+    }
+
+    fn max_transmit_segments(&self) -> usize {
+        // Over turmoil one datagram per transmit; real sockets send quinn's trains with GSO.
+        match &self.transport {
+            Transport::Simulated(_) => 1,
+            Transport::Real(socket) => socket.max_segments(),
+        }
     }
 
     fn may_fragment(&self) -> bool {

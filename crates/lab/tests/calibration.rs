@@ -33,6 +33,11 @@ fn calibration_matches_theory() {
         bdp >= 950.0,
         "BDP windows: {bdp} Mbit/s of a 1000 Mbit/s link"
     );
+    let short = metric(&report, "bulk-short-link", "goodput_mbit_per_s");
+    assert!(
+        short >= 950.0,
+        "short link: {short} Mbit/s of a 1000 Mbit/s link"
+    );
     // window / RTT = 1.25 MB / 90 ms
     let default_window = metric(&report, "bulk-default-window", "goodput_mbit_per_s");
     assert!(

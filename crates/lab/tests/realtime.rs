@@ -7,7 +7,7 @@ use bytes::Bytes;
 use meshwire::protocols::{DATA, ECHO};
 use meshwire::{Keypair, Node, NodeConfig};
 use meshwire_lab::lab::wan_link;
-use meshwire_lab::{LabSocket, LinkSpec, Network, SocketStats};
+use meshwire_lab::{Carrier, LabSocket, LinkSpec, Network, SocketStats};
 
 async fn node(
     seed: u8,
@@ -31,7 +31,7 @@ async fn real_sockets_get_the_emulated_delay_and_survive_its_loss() {
         loss: 0.05,
         ..wan_link(Duration::from_millis(20), 100_000_000)
     };
-    let network = Network::new(link, false);
+    let network = Network::new(link, Carrier::Loopback);
     let (a, a_stats) = node(1, "127.0.0.1:0", &network).await;
     let (b, _) = node(2, "127.0.0.2:0", &network).await;
     b.handle(ECHO, |_, body: Bytes| async move { Ok(body) })
