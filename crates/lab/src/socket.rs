@@ -6,9 +6,11 @@
 //! simulated UDP (virtual time; turmoil adds propagation delay, partitions and crashes) or a real
 //! tokio UDP socket (real time; the adapter adds the delay itself). On every transmit it:
 //!
-//! 1. draws i.i.d. loss from the scenario's seeded RNG,
-//! 2. passes the datagram through the host's optional uplink [`Pacer`] and then the directed
+//! 1. passes the datagram through the host's optional uplink [`Pacer`] and then the directed
 //!    link's pacer (serialization at the link rate, bounded drop-tail queue),
+//! 2. draws i.i.d. loss from the scenario's seeded RNG: a lost datagram has still taken its
+//!    place on the link (a link of rate r and loss p delivers r·(1 − p), as NKN's emulator and the
+//!    lab's physical floors have it),
 //! 3. adds the part of the propagation delay the transport does not add, plus jitter,
 //! 4. sends it at once if it is due and nothing is waiting, else hands it to the egress task,
 //!    which sends datagrams in departure order.
@@ -338,10 +340,6 @@ impl LabSocket {
             return;
         }
         let mut egress = lock(&self.egress);
-        if spec.loss > 0.0 && egress.rng.random::<f64>() < spec.loss {
-            self.stats.lost.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
         let len = payload.len();
         let after_uplink = match uplink {
             Some(uplink) => match egress.uplink.admit(now, len, &uplink) {
@@ -365,6 +363,11 @@ impl LabSocket {
                 return;
             }
         };
+        // Lost after it took its place on the link, as on a wire: loss costs the link's rate.
+        if spec.loss > 0.0 && egress.rng.random::<f64>() < spec.loss {
+            self.stats.lost.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let extra = spec
             .latency
             .saturating_sub(self.network.transport_latency(self.local.ip(), to.ip()));
