@@ -26,7 +26,7 @@ use meshwire_session::proto::{Packet, PathId, Policy, Receiver, Sender, SessionC
 use serde::Deserialize;
 
 use super::Trial;
-use crate::lab::{clock, Lab, LabEvent};
+use crate::lab::{clock, Lab, LabEvent, TICK};
 use crate::link::{LinkSpec, Rate};
 use crate::scenario::{CaseFile, LinkFile, ScenarioError};
 use crate::stats::{round_metric, Metrics};
@@ -267,10 +267,14 @@ pub fn run(
                     socket.send_datagram(paths[index], &transmit.payload, None);
                     if writer_blocks {
                         // Granted one packet per 1/rate on the path's own schedule: a wake-up that
-                        // comes late by less than one interval (timer ticks are 1 ms, a 1024
-                        // packets/s interval is 0.98 ms) does not slow the path down.
+                        // comes late by less than one timer tick (1 ms) does not slow the path
+                        // down. A grant may lie as many whole intervals before now as fit in a tick
+                        // (at least one: a 1024 packets/s interval is 0.98 ms), so above 2000
+                        // packets/s one wake-up sends every packet granted since the last.
                         let interval = Duration::from_secs_f64(1.0 / nominal[index]);
-                        let granted = free_at[index].max(now().checked_sub(interval).unwrap_or(now()));
+                        let per_tick = TICK.as_nanos() / interval.as_nanos().max(1);
+                        let late = interval * u32::try_from(per_tick.max(1)).unwrap_or(u32::MAX);
+                        let granted = free_at[index].max(now().checked_sub(late).unwrap_or(now()));
                         free_at[index] = granted + interval;
                         sender.block_path_until(transmit.path, free_at[index]);
                     }
