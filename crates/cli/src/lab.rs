@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use meshwire_lab::plot::PlotInput;
-use meshwire_lab::{experiments, run_scenario_observed, Mode, RunEvent, ScenarioFile, Sweep, EXPERIMENTS};
+use meshwire_lab::{
+    experiments, run_scenario_observed, Mode, RunEvent, ScenarioFile, Sweep, EXPERIMENTS,
+};
 
 use crate::progress::Progress;
 

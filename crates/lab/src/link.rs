@@ -67,7 +67,7 @@ pub struct LinkSpec {
     pub queue_bytes: usize,
     /// Probability that a datagram is lost, independently of all others.
     pub loss: f64,
-    /// Extra delay drawn uniformly from `[0, jitter]` per datagram (may reorder).
+    /// Extra delay drawn uniformly from `[0, jitter]` per datagram (a link keeps its order: a datagram never arrives before one sent earlier on it).
     pub jitter: Duration,
 }
 

@@ -7,13 +7,21 @@
 //! [`Network`] says what the layer underneath already does, and so what the socket emulates:
 //!
 //! - [`Carrier::Turmoil`]: turmoil adds each pair's propagation delay, partitions and crashes. On
-//!   every transmit the socket draws i.i.d. loss from the scenario's seeded RNG, passes the datagram
-//!   through the host's optional uplink [`Pacer`] and the directed link's pacer (serialization at
-//!   the link rate, bounded drop-tail queue), adds the part of the latency turmoil does not add plus
-//!   jitter, and sends it when that time comes.
+//!   every transmit the socket passes the datagram through the host's optional uplink [`Pacer`]
+//!   and the directed link's pacer (serialization at the link rate, bounded drop-tail queue), then
+//!   draws i.i.d. loss from the scenario's seeded RNG (after serialization: a lost datagram has
+//!   used its place on the link, so a link of rate r and loss p delivers r·(1 − p), as NKN's
+//!   emulator and the lab's physical floors have it), adds the part of the latency turmoil does
+//!   not add plus jitter, and sends it when that time comes.
 //! - [`Carrier::Loopback`]: real sockets with nothing in between. The sender emulates the egress
 //!   (uplink and link pacers, drop-tail queues) and the receiver the path: it drops i.i.d. losses
 //!   and holds every datagram for the link's latency plus jitter before quinn sees it.
+//!
+//! Jitter is a delay drawn per datagram, but a link keeps its order: a datagram never arrives
+//! before one sent earlier on the same link (it waits behind it, as in a FIFO queue whose delay
+//! varies). Deep reordering would be a different impairment: with a jitter of milliseconds at a
+//! gigabit, independent delays reorder hundreds of datagrams, which real paths rarely do and
+//! which QUIC's fixed packet-reordering threshold reads as loss.
 //!
 //! Datagrams that are due go out at once; the rest wait in a departure-ordered heap that an
 //! egress task drains on each timer wake-up, releasing every datagram whose time has passed (tokio
@@ -421,8 +429,18 @@ struct Egress {
     rng: SmallRng,
     uplink: Pacer,
     links: HashMap<IpAddr, Pacer>,
+    /// Per destination, when the latest datagram sent there arrives (jitter keeps link order).
+    arrivals: HashMap<IpAddr, Instant>,
     sequence: u64,
     waiting: Arc<AtomicU64>,
+}
+
+/// A datagram's arrival time on the link to (or from) `peer`: its own, or that of the one sent
+/// before it if later, so jitter delays datagrams without reordering a link.
+fn in_link_order(arrivals: &mut HashMap<IpAddr, Instant>, peer: IpAddr, at: Instant) -> Instant {
+    let last = arrivals.entry(peer).or_insert(at);
+    *last = (*last).max(at);
+    *last
 }
 
 /// Where one datagram goes after the sender's emulation.
@@ -538,6 +556,7 @@ impl LabSocket {
                 rng: SmallRng::seed_from_u64(seed),
                 uplink: Pacer::default(),
                 links: HashMap::new(),
+                arrivals: HashMap::new(),
                 sequence: 0,
                 waiting,
             }),
@@ -612,10 +631,6 @@ impl LabSocket {
         let spec = route.spec;
         let path_on_send = !self.network.receiver_emulates_path();
         let mut egress = lock(&self.egress);
-        if path_on_send && spec.loss > 0.0 && egress.rng.random::<f64>() < spec.loss {
-            self.stats.lost.fetch_add(1, Ordering::Relaxed);
-            return Verdict::Dropped;
-        }
         let len = payload.len();
         let after_uplink = match route.uplink {
             Some(uplink) => match egress.uplink.admit(now, len, &uplink) {
@@ -639,6 +654,11 @@ impl LabSocket {
                 return Verdict::Dropped;
             }
         };
+        // Lost after it took its place on the link, as on a wire: loss costs the link's rate.
+        if path_on_send && spec.loss > 0.0 && egress.rng.random::<f64>() < spec.loss {
+            self.stats.lost.fetch_add(1, Ordering::Relaxed);
+            return Verdict::Dropped;
+        }
         let at = if path_on_send {
             let extra = spec.latency.saturating_sub(route.transport_latency);
             let jitter = if spec.jitter.is_zero() {
@@ -646,7 +666,7 @@ impl LabSocket {
             } else {
                 Duration::from_nanos(egress.rng.random_range(0..=spec.jitter.as_nanos() as u64))
             };
-            departs + extra + jitter
+            in_link_order(&mut egress.arrivals, to.ip(), departs + extra + jitter)
         } else {
             departs
         };
@@ -837,6 +857,7 @@ async fn real_ingress(
     let mut meta = vec![RecvMeta::default(); slots];
     let mut held: BinaryHeap<Reverse<Scheduled>> = BinaryHeap::new();
     let mut sequence = 0u64;
+    let mut arrivals: HashMap<IpAddr, Instant> = HashMap::new();
     loop {
         let next = held.peek().map(|Reverse(item)| item.at);
         tokio::select! {
@@ -879,7 +900,11 @@ async fn real_ingress(
                                     rng.random_range(0..=spec.jitter.as_nanos() as u64),
                                 )
                             };
-                            let at = now + spec.latency + jitter;
+                            let at = in_link_order(
+                                &mut arrivals,
+                                meta.addr.ip(),
+                                now + spec.latency + jitter,
+                            );
                             let bytes = Bytes::copy_from_slice(datagram);
                             if at <= now + HALF_TICK && held.is_empty() {
                                 if !deliver(&inbound, &stats, bytes, meta.addr) {

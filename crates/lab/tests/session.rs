@@ -1,10 +1,14 @@
-//! `meshwire_session::net::Session` over QUIC datagrams in the lab (virtual time): a direct path and a
-//! path through a relay deliver the whole stream in order, a path removed and added back
-//! mid-transfer loses nothing, malformed datagrams are refused, typed and counted.
+//! `meshwire_session::net::Session` over QUIC datagrams in the lab (virtual time): a direct path and
+//! paths through relays deliver the whole stream in order, no faster than their physical floor; a
+//! path removed and added back mid-transfer loses nothing; malformed datagrams are refused, typed
+//! and counted.
 
 use std::time::Duration;
 
-use meshwire_lab::experiments::multipath_quic::{run_transfer, TransferPlan, DIRECT, RELAYED};
+use meshwire_lab::experiments::multipath_quic::{
+    path_floors, run_transfer, TransferPlan, DIRECT, RELAYED,
+};
+use meshwire_lab::experiments::multipath_raw::ideal_transfer_s;
 use meshwire_lab::{LinkSpec, Rate};
 use meshwire_session::proto::Policy;
 
@@ -20,7 +24,7 @@ fn plan() -> TransferPlan {
     TransferPlan {
         bytes: 1 << 20,
         direct: path(1024, 20),
-        relay: Some(path(512, 30)),
+        relays: vec![path(512, 30)],
         outage: None,
         inject_malformed: false,
         policy: Policy::Meshwire,
@@ -35,6 +39,28 @@ fn two_paths_one_via_a_relay_deliver_every_byte_in_order() {
     assert!(outcome.complete, "{outcome:?}");
     assert_eq!(outcome.received, 1 << 20);
     assert!(outcome.relayed_datagrams > 0, "{outcome:?}");
+}
+
+#[test]
+fn a_direct_path_and_two_relays_deliver_every_byte_no_faster_than_their_floor() {
+    let plan = TransferPlan {
+        relays: vec![path(512, 30), path(256, 80)],
+        ..plan()
+    };
+    let outcome = run_transfer(4, &plan).unwrap();
+    assert!(outcome.complete, "{outcome:?}");
+    assert_eq!(outcome.received, 1 << 20);
+    assert!(outcome.relayed_datagrams > 0, "{outcome:?}");
+    let floor = ideal_transfer_s(
+        &path_floors(&plan.direct, &plan.relays, 1024),
+        plan.bytes as f64,
+    );
+    // The lab's clock moves in 1 ms ticks.
+    assert!(
+        outcome.transfer_s >= floor - 0.001,
+        "{} s beat the floor {floor} s",
+        outcome.transfer_s
+    );
 }
 
 #[test]
@@ -56,7 +82,7 @@ fn removing_and_re_adding_paths_mid_transfer_keeps_the_stream_complete() {
 fn malformed_datagrams_are_refused_typed_and_counted() {
     let plan = TransferPlan {
         bytes: 64 * 1024,
-        relay: None,
+        relays: Vec::new(),
         inject_malformed: true,
         ..plan()
     };

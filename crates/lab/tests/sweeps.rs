@@ -68,8 +68,18 @@ fn every_sweep_file_loads() {
     }
     kinds.sort();
     kinds.dedup();
-    for kind in ["fanout", "gossip", "multipath", "session", "xx-team", "zold-fetch"] {
-        assert!(kinds.iter().any(|k| k == kind), "no sweep of {kind}: {kinds:?}");
+    for kind in [
+        "fanout",
+        "gossip",
+        "multipath",
+        "session",
+        "xx-team",
+        "zold-fetch",
+    ] {
+        assert!(
+            kinds.iter().any(|k| k == kind),
+            "no sweep of {kind}: {kinds:?}"
+        );
     }
 }
 

@@ -9,7 +9,8 @@
 //!   are pushed whole instead of advertised.
 //!
 //! Workload: ingress enters at `ingress_per_s` in total, each node publishing its share on a fixed
-//! interval with a random phase; an ingress is `ingress_bytes` long and carries its entry time.
+//! interval with a random phase, from `warmup_ms` until the last round starts (none enters during
+//! the drain); an ingress is `ingress_bytes` long and carries its entry time.
 //! From `warmup_ms` on, a round starts every `1000 / blocks_per_s` ms: the round's block maker
 //! (node `round mod nodes`) publishes a block that references (by id) every ingress it holds that
 //! no block it knows has included yet, and every node publishes `shares_per_round` shares of
@@ -21,6 +22,23 @@
 //! over ingress included in measured blocks), `achieved_rps` (ingress included in measured blocks
 //! per second of their rounds), `consensus_delivery_ratio` (share of measured blocks and shares
 //! held by every node `drain_ms` after the last round).
+//!
+//! # Floor
+//!
+//! Over the whole run (every artifact is published between `warmup_ms` and the last round and the
+//! counters are read at the end of the drain), per node, mean over nodes:
+//!
+//! * `distinct_bytes_per_node`: the payload bytes of every artifact another node published —
+//!   ingress, blocks and shares, each once — which the node had to hold (every node holds every
+//!   ingress for its turn as block maker, and every block and share). It is the floor of
+//! * `received_bytes_per_node`: the gossip item bytes the node received, as the gossip layer
+//!   counts them (`ClassStats::bytes_received`, every class): every advert (38 B), every request
+//!   for an artifact it held (33 B) and every artifact copy, pushed or pulled, duplicates included
+//!   (6 B + payload). Not counted: the 3-byte header of each batch, requests for artifacts it no
+//!   longer held, and the transport under gossip (meshwire frames, QUIC, UDP).
+//! * `duplicate_byte_ratio` = received ÷ distinct: 1 would be every artifact arriving exactly once
+//!   with no item header and no advert; it is below 1 only if a node missed artifacts it had to
+//!   hold.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -36,7 +54,7 @@ use rand::{Rng, SeedableRng};
 use serde::Deserialize;
 
 use super::Trial;
-use crate::lab::{clock, derive_seed, Lab};
+use crate::lab::{clock, derive_seed, Lab, TICK};
 use crate::scenario::ScenarioError;
 use crate::stats::{percentile_f64, round_metric, Metrics};
 
@@ -76,6 +94,11 @@ impl Workload {
     fn measured(&self, round: u64) -> bool {
         (2..=self.rounds + 1).contains(&round)
     }
+
+    /// The run's end: the drain after the last round.
+    fn end(&self) -> Duration {
+        self.window_end() + self.drain
+    }
 }
 
 /// The class policies of `policy`.
@@ -112,6 +135,16 @@ struct Tally {
     included: u64,
     stats_at_start: BTreeMap<usize, BTreeMap<ClassId, ClassStats>>,
     stats_at_end: BTreeMap<usize, BTreeMap<ClassId, ClassStats>>,
+    /// Each node's counters at the end of the drain (they start at zero with the node).
+    stats_final: BTreeMap<usize, BTreeMap<ClassId, ClassStats>>,
+    /// Payload bytes each node published, every class, over the whole run.
+    published_bytes: BTreeMap<usize, u64>,
+}
+
+impl Tally {
+    fn published(&mut self, node: usize, bytes: usize) {
+        *self.published_bytes.entry(node).or_default() += bytes as u64;
+    }
 }
 
 /// What one node knows: ingress it holds (entry time, when it got it) and ingress already included.
@@ -225,7 +258,7 @@ pub fn run(
         .link
         .spec()
         .map_err(|reason| ScenarioError::failed(case, reason))?;
-    let end = workload.window_end() + workload.drain;
+    let end = workload.end();
     let mut lab = Lab::new(seed, spec, end + Duration::from_secs(1));
     let names: Vec<String> = (0..workload.nodes).map(|i| format!("n{i:03}")).collect();
     let ids: Vec<_> = names.iter().map(|name| lab.peer_id(name)).collect();
@@ -262,6 +295,7 @@ pub fn run(
                 tokio::task::spawn_local(publish_ingress(
                     gossip.clone(),
                     view.clone(),
+                    tally.clone(),
                     workload,
                     index,
                     rng,
@@ -314,10 +348,11 @@ pub fn run(
     Ok(metrics(&tally, &workload))
 }
 
-/// Publishes this node's share of the ingress, from the warm-up's end to the run's end.
+/// Publishes this node's share of the ingress, from the warm-up's end until the last round starts.
 async fn publish_ingress(
     gossip: GossipService,
     view: Rc<RefCell<NodeView>>,
+    tally: Rc<RefCell<Tally>>,
     workload: Workload,
     index: usize,
     mut rng: SmallRng,
@@ -330,11 +365,17 @@ async fn publish_ingress(
     loop {
         ticker.tick().await;
         let now = clock();
+        if now > workload.window_end() {
+            // The last measured block is made; what enters now would only load the drain.
+            return;
+        }
         let payload = ingress_payload(now, index, seq, workload.ingress_bytes);
+        let len = payload.len();
         seq += 1;
         match gossip.publish(INGRESS, payload) {
             Ok(id) => {
                 view.borrow_mut().ingress.insert(id, (now, now));
+                tally.borrow_mut().published(index, len);
             }
             Err(error) => tracing::debug!(%error, "ingress refused"),
         }
@@ -370,11 +411,11 @@ async fn run_rounds(
             candidates.sort_by_key(|(id, entry, _)| (*entry, *id));
             let mut block = BytesMut::with_capacity(8 + 32 * candidates.len());
             block.put_u64_le(round);
-            let mut tally = tally.borrow_mut();
+            let mut counts = tally.borrow_mut();
             for (id, entry, held) in &candidates {
                 block.put_slice(&id.0);
                 if measured {
-                    tally
+                    counts
                         .latency_ms
                         .push(held.saturating_sub(*entry).as_secs_f64() * 1e3);
                 }
@@ -382,10 +423,14 @@ async fn run_rounds(
                 view.ingress.remove(id);
             }
             if measured {
-                tally.included += candidates.len() as u64;
+                counts.included += candidates.len() as u64;
             }
-            drop(tally);
-            published.extend(gossip.publish(BLOCK, block.freeze()).ok());
+            drop(counts);
+            let len = block.len();
+            if let Ok(id) = gossip.publish(BLOCK, block.freeze()) {
+                tally.borrow_mut().published(index, len);
+                published.push(id);
+            }
         }
         for share in 0..workload.shares_per_round {
             let mut payload = BytesMut::with_capacity(workload.share_bytes.max(24));
@@ -393,7 +438,11 @@ async fn run_rounds(
             payload.put_u64_le(index as u64);
             payload.put_u64_le(share);
             payload.resize(workload.share_bytes.max(24), 0x5a);
-            published.extend(gossip.publish(SHARE, payload.freeze()).ok());
+            let len = payload.len();
+            if let Ok(id) = gossip.publish(SHARE, payload.freeze()) {
+                tally.borrow_mut().published(index, len);
+                published.push(id);
+            }
         }
         if measured {
             let mut tally = tally.borrow_mut();
@@ -406,6 +455,9 @@ async fn run_rounds(
         .borrow_mut()
         .stats_at_end
         .insert(index, gossip.stats());
+    // The lab's last step runs one tick before the run's end.
+    tokio::time::sleep(workload.end().saturating_sub(TICK).saturating_sub(clock())).await;
+    tally.borrow_mut().stats_final.insert(index, gossip.stats());
 }
 
 fn metrics(tally: &Tally, workload: &Workload) -> Metrics {
@@ -455,5 +507,72 @@ fn metrics(tally: &Tally, workload: &Workload) -> Metrics {
         round_metric(complete as f64 / tally.consensus.len().max(1) as f64),
     );
     metrics.insert("nodes_reporting".into(), tally.stats_at_end.len() as f64);
+    let floor = byte_floor(tally, workload.nodes);
+    metrics.insert(
+        "distinct_bytes_per_node".into(),
+        round_metric(floor.distinct_per_node),
+    );
+    metrics.insert(
+        "received_bytes_per_node".into(),
+        round_metric(floor.received_per_node),
+    );
+    metrics.insert(
+        "duplicate_byte_ratio".into(),
+        round_metric(floor.received_per_node / floor.distinct_per_node),
+    );
     metrics
+}
+
+/// The byte floor of a run (see the module's `# Floor`), mean over nodes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ByteFloor {
+    distinct_per_node: f64,
+    received_per_node: f64,
+}
+
+/// Every node had to hold every artifact the others published: `published` (per node) less its
+/// own, averaged over `nodes`; and what the nodes whose counters were read at the end received.
+fn byte_floor(tally: &Tally, nodes: usize) -> ByteFloor {
+    let total: u64 = tally.published_bytes.values().sum();
+    let distinct: u64 = (0..nodes)
+        .map(|node| total - tally.published_bytes.get(&node).copied().unwrap_or(0))
+        .sum();
+    let received: u64 = tally
+        .stats_final
+        .values()
+        .flat_map(|classes| classes.values())
+        .map(|stats| stats.bytes_received)
+        .sum();
+    ByteFloor {
+        distinct_per_node: distinct as f64 / nodes.max(1) as f64,
+        received_per_node: received as f64 / tally.stats_final.len().max(1) as f64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_node_must_hold_what_the_others_published() {
+        let mut tally = Tally::default();
+        // Three nodes: 100, 200 and 0 bytes published.
+        tally.published(0, 60);
+        tally.published(0, 40);
+        tally.published(1, 200);
+        for (node, received) in [(0, 250), (1, 150), (2, 400)] {
+            let stats = ClassStats {
+                bytes_received: received,
+                ..ClassStats::default()
+            };
+            tally
+                .stats_final
+                .insert(node, [(INGRESS, stats), (SHARE, stats)].into());
+        }
+        let floor = byte_floor(&tally, 3);
+        // Node 0 needs 200, node 1 needs 100, node 2 needs 300: 200 on average.
+        assert_eq!(floor.distinct_per_node, 200.0);
+        // 2 × (250 + 150 + 400) / 3.
+        assert_eq!(floor.received_per_node, 1600.0 / 3.0);
+    }
 }

@@ -1,10 +1,26 @@
-//! The real `meshwire_session::net::Session` over QUIC datagrams in the lab: a direct path and
-//! optionally a path through a relay node, with paths removed and added back mid-transfer.
+//! The real `meshwire_session::net::Session` over QUIC datagrams in the lab: a direct path and any
+//! number of paths each through its own relay node, with paths removed and added back
+//! mid-transfer.
 //!
-//! Hosts: `a` (sender), `b` (receiver), `r` (relay). The direct path's spec is on the `a -> b`
-//! link, the relay path's on `a -> r`; `r -> b` is instantaneous, and every reverse link (ACKs)
-//! has its forward link's latency without rate limit or loss. `a` connects to `b` and `r`, `r` to
-//! `b`. `b` hashes what it reads (SHA-256) so delivery is checked byte for byte.
+//! Hosts: `a` (sender), `b` (receiver), `r0`, `r1`, ... (one relay per relay path). The direct
+//! path's spec is on the `a -> b` link, relay path `i`'s on `a -> r<i>`; `r<i> -> b` is
+//! instantaneous ([`onward`]), and every reverse link (ACKs) has its forward link's latency without
+//! rate limit or loss. `a` connects to `b` and every relay, each relay to `b`. `b` hashes what it
+//! reads (SHA-256) so delivery is checked byte for byte. Path ids: [`DIRECT`] is 0, relay path `i`
+//! is [`relayed`]`(i)` = `i + 1`.
+//!
+//! # Floor
+//!
+//! The case reports `ideal_transfer_s`, the latency-aware ideal of
+//! [`super::multipath_raw::ideal_transfer_s`] over the direct path (one hop, `a -> b`) and every
+//! relay path (`a -> r<i>`, then `r<i> -> b`), counting session payload (1024 B a datagram) as
+//! `transfer_s` does (first byte written to the end of the stream read at `b`). A packet-rate link
+//! carries one session datagram per QUIC packet (a full one is 13 or 45 B of route header + 18 B of
+//! session header + 1024 B, and two do not fit the lab's 1472-byte MTU); a bit-rate link also
+//! carries each datagram's headers and at least [`QUIC_MIN_OVERHEAD`] bytes of QUIC, which the floor
+//! counts; QUIC's acknowledgements, handshakes and retransmissions it does not. `efficiency` =
+//! `ideal_transfer_s` / `transfer_s`; `sigma_rate_efficiency` = goodput / `ideal_mb_per_s` (the
+//! Σ-rate ideal, which ignores latency).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -15,11 +31,14 @@ use bytes::Bytes;
 use meshwire::protocols::SESSION_DATAGRAM;
 use meshwire::Node;
 use meshwire_session::net::{SessionHost, SessionHostError, SessionSettings, SessionStats};
+use meshwire_session::proto::codec::DATA_HEADER_LEN;
+use meshwire_session::proto::route::{DIRECT_HEADER_LEN, RELAYED_HEADER_LEN};
 use meshwire_session::proto::{PathId, Policy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use serde::Deserialize;
 
+use super::multipath_raw::{ideal_transfer_s, Hop, PathFloor};
 use super::{CongestionParam, Trial};
 use crate::lab::{clock, Lab};
 use crate::link::{LinkSpec, Rate};
@@ -29,8 +48,31 @@ use crate::LabError;
 
 /// The direct path's id.
 pub const DIRECT: PathId = PathId(0);
-/// The relay path's id.
+/// The first relay path's id (`relayed(0)`).
 pub const RELAYED: PathId = PathId(1);
+
+/// The id of relay path `index` (through host `r<index>`).
+pub fn relayed(index: usize) -> PathId {
+    PathId(index as u32 + 1)
+}
+
+/// The index of the relay path `path`, if it is one.
+fn relay_index(path: PathId) -> Option<usize> {
+    (path.0 as usize).checked_sub(1)
+}
+
+/// Least bytes of QUIC around one session datagram in a 1-RTT packet: a 1-byte short header, the
+/// 8-byte connection id meshwire's endpoints issue, a 1-byte packet number, a 1-byte DATAGRAM
+/// frame type and the 16-byte AEAD tag.
+pub const QUIC_MIN_OVERHEAD: usize = 1 + 8 + 1 + 1 + 16;
+
+/// The `r<i> -> b` hop of every relay path, and every link not set otherwise: instantaneous.
+pub fn onward() -> LinkSpec {
+    LinkSpec {
+        latency: Duration::ZERO,
+        ..LinkSpec::default()
+    }
+}
 
 /// One transfer.
 #[derive(Debug, Clone)]
@@ -39,8 +81,8 @@ pub struct TransferPlan {
     pub bytes: usize,
     /// The `a -> b` link.
     pub direct: LinkSpec,
-    /// The `a -> r` link; `None`: no relay path.
-    pub relay: Option<LinkSpec>,
+    /// The `a -> r<i>` link of each relay path; empty: the direct path only.
+    pub relays: Vec<LinkSpec>,
     /// Remove this path this long after the first byte is written and add it back after the
     /// second duration.
     pub outage: Option<(PathId, Duration, Duration)>,
@@ -67,7 +109,7 @@ pub struct TransferOutcome {
     pub sender: SessionStats,
     /// Receiver's session counters.
     pub receiver: SessionStats,
-    /// Datagrams the relay forwarded.
+    /// Datagrams the relays forwarded, together.
     pub relayed_datagrams: u64,
     /// Datagrams `b`'s host refused for a malformed route header.
     pub receiver_malformed: u64,
@@ -78,7 +120,7 @@ pub struct TransferOutcome {
 #[derive(Default)]
 struct Board {
     outcome: TransferOutcome,
-    relay: Option<SessionHost>,
+    relays: Vec<SessionHost>,
     receiver: Option<SessionHost>,
     done: bool,
 }
@@ -106,14 +148,16 @@ fn node_config(
     config
 }
 
-/// Adds a relay path, waiting while the relay has not reached the other end yet.
+/// Adds relay path `path` through `relay`, waiting while the relay has not reached the other end
+/// yet.
 async fn add_relay(
     session: &meshwire_session::net::Session,
+    path: PathId,
     relay: meshwire::PeerId,
 ) -> Result<(), SessionHostError> {
     let mut attempts = 0;
     loop {
-        match session.add_relay_path(RELAYED, relay).await {
+        match session.add_relay_path(path, relay).await {
             Err(SessionHostError::RelayRefused(_)) if attempts < 50 => {
                 attempts += 1;
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -131,11 +175,7 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
         loss: 0.0,
         ..LinkSpec::default()
     };
-    let instant = LinkSpec {
-        latency: Duration::ZERO,
-        ..LinkSpec::default()
-    };
-    let mut lab = Lab::new(seed, instant, plan.limit + Duration::from_secs(1));
+    let mut lab = Lab::new(seed, onward(), plan.limit + Duration::from_secs(1));
     let board: Rc<RefCell<Board>> = Rc::default();
     let expected = sha256(&pattern(plan.bytes));
     {
@@ -179,17 +219,18 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
     }
     let b = lab.peer_id("b");
     let b_address = lab.node_address("b")?;
-    if plan.relay.is_some() {
+    let names: Vec<String> = (0..plan.relays.len()).map(|i| format!("r{i}")).collect();
+    for name in &names {
         let board = board.clone();
         let (policy, congestion) = (plan.policy, plan.congestion);
-        lab.host("r", move |context| {
+        lab.host(name, move |context| {
             let board = board.clone();
             async move {
                 let (node, _) = context
                     .start_node(node_config(&context, congestion))
                     .await?;
                 let host = SessionHost::new(&node, settings(policy))?;
-                board.borrow_mut().relay = Some(host);
+                board.borrow_mut().relays.push(host);
                 node.connect(b_address, b).await?;
                 std::future::pending::<()>().await;
                 drop(node);
@@ -197,10 +238,10 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
             }
         });
     }
-    let relay = plan
-        .relay
-        .map(|_| Ok::<_, LabError>((lab.peer_id("r"), lab.node_address("r")?)))
-        .transpose()?;
+    let relays: Vec<(meshwire::PeerId, std::net::SocketAddr)> = names
+        .iter()
+        .map(|name| Ok::<_, LabError>((lab.peer_id(name), lab.node_address(name)?)))
+        .collect::<Result<_, _>>()?;
     {
         let board = board.clone();
         let plan = plan.clone();
@@ -210,14 +251,14 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
                 .start_node(node_config(&context, congestion))
                 .await?;
             node.connect(b_address, b).await?;
-            if let Some((r, address)) = relay {
-                node.connect(address, r).await?;
+            for (r, address) in &relays {
+                node.connect(*address, *r).await?;
             }
             let host = SessionHost::new(&node, settings(plan.policy))?;
             let session = host.open(b)?;
             session.add_direct_path(DIRECT)?;
-            if let Some((r, _)) = relay {
-                add_relay(&session, r).await?;
+            for (index, (r, _)) in relays.iter().enumerate() {
+                add_relay(&session, relayed(index), *r).await?;
             }
             if plan.inject_malformed {
                 inject_malformed(&node, &board, b, session.id())?;
@@ -235,9 +276,9 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
                     tokio::time::sleep(down).await;
                     session.remove_path(path).await?;
                     tokio::time::sleep(up.saturating_sub(down)).await;
-                    match (path, relay) {
-                        (RELAYED, Some((r, _))) => add_relay(&session, r).await?,
-                        _ => session.add_direct_path(path)?,
+                    match relay_index(path).and_then(|index| relays.get(index)) {
+                        Some((r, _)) => add_relay(&session, path, *r).await?,
+                        None => session.add_direct_path(path)?,
                     }
                 }
                 Ok::<_, SessionHostError>(())
@@ -250,12 +291,16 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
             }
             let mut board = board.borrow_mut();
             board.outcome.sender = session.stats();
-            if let Some(relay) = &board.relay {
-                board.outcome.relayed_datagrams = relay
-                    .stats()
-                    .relayed_datagrams
-                    .load(std::sync::atomic::Ordering::Relaxed);
-            }
+            board.outcome.relayed_datagrams = board
+                .relays
+                .iter()
+                .map(|relay| {
+                    relay
+                        .stats()
+                        .relayed_datagrams
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                })
+                .sum();
             if let Some(receiver) = &board.receiver {
                 board.outcome.receiver_malformed = receiver
                     .stats()
@@ -267,9 +312,9 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
     }
     lab.link("a", "b", plan.direct)?;
     lab.link("b", "a", back(&plan.direct))?;
-    if let Some(spec) = plan.relay {
-        lab.link("a", "r", spec)?;
-        lab.link("r", "a", back(&spec))?;
+    for (name, spec) in names.iter().zip(&plan.relays) {
+        lab.link("a", name, *spec)?;
+        lab.link(name, "a", back(spec))?;
     }
     let finished = lab.run(plan.limit, |_| {})?;
     let mut outcome = board.borrow().outcome.clone();
@@ -318,12 +363,13 @@ pub struct Params {
     pub mib: u64,
     /// The direct path's link, on `a -> b`.
     pub direct: LinkFile,
-    /// The relay path's link, on `a -> r`; absent: no relay path.
-    pub relay: Option<LinkFile>,
+    /// One link per relay path, relay path `i` on `a -> r<i>`; empty: the direct path only.
+    #[serde(default)]
+    pub relays: Vec<LinkFile>,
     /// QUIC congestion controller of every node.
     #[serde(default)]
     pub congestion: CongestionParam,
-    /// The path removed mid-transfer (0 direct, 1 relayed); absent: none.
+    /// The path removed mid-transfer (0 direct, `i + 1` relay path `i`); absent: none.
     pub outage_path: Option<u32>,
     /// When the path is removed, after the first byte is written.
     #[serde(default = "outage_start_default")]
@@ -345,13 +391,23 @@ fn outage_end_default() -> u64 {
     2000
 }
 
-fn ideal_bytes_per_sec(spec: &LinkSpec, datagram_payload: f64) -> f64 {
-    let per_sec = match spec.rate {
-        Rate::PacketsPerSec(packets) => packets as f64 * datagram_payload,
-        Rate::BitsPerSec(bits) => bits as f64 / 8.0,
-        Rate::Unlimited => f64::INFINITY,
-    };
-    per_sec * (1.0 - spec.loss)
+/// Every path's floor (see the module's `# Floor`), the direct path first: `a -> b`, then each
+/// relay's `a -> r<i>` and `r<i> -> b`, datagrams of `payload` session bytes.
+pub fn path_floors(direct: &LinkSpec, relays: &[LinkSpec], payload: usize) -> Vec<PathFloor> {
+    let direct_overhead = DIRECT_HEADER_LEN + DATA_HEADER_LEN + QUIC_MIN_OVERHEAD;
+    let relayed_overhead = RELAYED_HEADER_LEN + DATA_HEADER_LEN + QUIC_MIN_OVERHEAD;
+    std::iter::once(PathFloor::through(&[Hop::of(
+        direct,
+        payload,
+        direct_overhead,
+    )]))
+    .chain(relays.iter().map(|spec| {
+        PathFloor::through(&[
+            Hop::of(spec, payload, relayed_overhead),
+            Hop::of(&onward(), payload, relayed_overhead),
+        ])
+    }))
+    .collect()
 }
 
 /// Runs one case of a `session` scenario.
@@ -363,11 +419,19 @@ pub fn run(
     let policy: Policy = trial.policy()?;
     let params: Params = trial.params()?;
     let direct = link(case, &params.direct)?;
-    let relay = params
-        .relay
-        .as_ref()
+    let relays = params
+        .relays
+        .iter()
         .map(|file| link(case, file))
-        .transpose()?;
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(path) = params.outage_path {
+        if path as usize > relays.len() {
+            return Err(trial.failed(format!(
+                "outage_path {path}: the paths are 0 (direct) to {} (relays)",
+                relays.len()
+            )));
+        }
+    }
     let congestion = meshwire::Congestion::from(params.congestion);
     let outage = params.outage_path.map(|path| {
         (
@@ -379,7 +443,7 @@ pub fn run(
     let plan = TransferPlan {
         bytes: params.mib as usize * (1 << 20),
         direct,
-        relay,
+        relays,
         outage,
         inject_malformed: false,
         policy,
@@ -388,13 +452,10 @@ pub fn run(
     };
     let outcome = run_transfer(seed, &plan).map_err(|error| ScenarioError::lab(case, error))?;
     // Session payload per datagram: the session MTU (every datagram but the last is full).
-    let payload = settings(policy).session.mtu_bytes as f64;
-    let ideal: f64 = [Some(direct), relay]
-        .iter()
-        .flatten()
-        .map(|spec| ideal_bytes_per_sec(spec, payload))
-        .sum::<f64>()
-        / f64::from(1 << 20);
+    let payload = settings(policy).session.mtu_bytes;
+    let floors = path_floors(&plan.direct, &plan.relays, payload);
+    let ideal_transfer = ideal_transfer_s(&floors, plan.bytes as f64);
+    let ideal: f64 = floors.iter().map(|path| path.bytes_per_s).sum::<f64>() / f64::from(1 << 20);
     let goodput = if outcome.complete && outcome.transfer_s > 0.0 {
         plan.bytes as f64 / f64::from(1 << 20) / outcome.transfer_s
     } else {
@@ -408,12 +469,67 @@ pub fn run(
     put("goodput_mb_per_s", goodput);
     put("ideal_mb_per_s", ideal);
     put(
-        "efficiency",
+        "sigma_rate_efficiency",
         if ideal > 0.0 { goodput / ideal } else { 0.0 },
+    );
+    put("ideal_transfer_s", ideal_transfer);
+    put(
+        "efficiency",
+        if goodput > 0.0 {
+            ideal_transfer / outcome.transfer_s
+        } else {
+            0.0
+        },
     );
     put("transfer_s", outcome.transfer_s);
     put("datagrams_sent", outcome.sender.datagrams_sent as f64);
     put("send_buffer_full", outcome.sender.send_buffer_full as f64);
     put("relayed_datagrams", outcome.relayed_datagrams as f64);
     Ok(metrics)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relay_paths_add_their_onward_hop_and_bit_rates_pay_every_header() {
+        let direct = LinkSpec {
+            latency: Duration::from_millis(10),
+            rate: Rate::BitsPerSec(8_000_000),
+            ..LinkSpec::default()
+        };
+        let relay = LinkSpec {
+            latency: Duration::from_millis(50),
+            rate: Rate::PacketsPerSec(1000),
+            loss: 0.1,
+            ..LinkSpec::default()
+        };
+        let floors = path_floors(&direct, &[relay, relay], 1024);
+        assert_eq!(floors.len(), 3);
+        // 1 MB/s of UDP payload; a direct datagram is 13 + 18 + 1024 B in at least 27 B of QUIC.
+        assert!((floors[0].bytes_per_s - 1e6 * 1024.0 / 1082.0).abs() < 1e-6);
+        assert!((floors[0].latency_s - 0.01).abs() < 1e-12);
+        // A packet a datagram, 10 % of them lost; the onward hop adds nothing.
+        assert!((floors[1].bytes_per_s - 921_600.0).abs() < 1e-6);
+        assert!((floors[1].latency_s - 0.05).abs() < 1e-12);
+        assert_eq!(floors[1], floors[2]);
+        // 2 MiB over the three: the direct path alone until 50 ms (≈ 47 KB), then all three.
+        let bytes = (2 << 20) as f64;
+        let t = ideal_transfer_s(&floors, bytes);
+        let delivered: f64 = floors
+            .iter()
+            .map(|path| path.bytes_per_s * (t - path.latency_s).max(0.0))
+            .sum();
+        assert!((delivered - bytes).abs() < 1e-3, "{t}: {delivered}");
+        assert!(t > 0.05);
+    }
+
+    #[test]
+    fn path_ids_count_relays_from_one() {
+        assert_eq!(relayed(0), RELAYED);
+        assert_eq!(relayed(4), PathId(5));
+        assert_eq!(relay_index(DIRECT), None);
+        assert_eq!(relay_index(PathId(3)), Some(2));
+    }
 }
