@@ -109,6 +109,9 @@ pub struct Experiment {
     pub realtime: bool,
     /// Its physical floors: which measured metric each bounds from below.
     pub floors: &'static [Floor],
+    /// What a run must achieve to count in a sweep (everything delivered, every read at
+    /// quorum); a run that misses one is reported as failed, whatever its ratios.
+    pub requires: &'static [Require],
     /// Runs one case under one policy.
     pub run: Runner,
 }
@@ -156,6 +159,51 @@ impl Floor {
     }
 }
 
+/// A metric a run must keep within bounds to count as complete.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Require {
+    /// The metric.
+    pub metric: &'static str,
+    /// Its least acceptable value.
+    pub min: f64,
+    /// Its greatest acceptable value.
+    pub max: f64,
+}
+
+impl Require {
+    const fn at_least(metric: &'static str, min: f64) -> Self {
+        Self {
+            metric,
+            min,
+            max: f64::INFINITY,
+        }
+    }
+
+    const fn at_most(metric: &'static str, max: f64) -> Self {
+        Self {
+            metric,
+            min: f64::NEG_INFINITY,
+            max,
+        }
+    }
+
+    /// Why `metrics` miss this requirement, if they do (a missing metric misses it).
+    pub fn missed(&self, metrics: &Metrics) -> Option<String> {
+        match metrics.get(self.metric) {
+            Some(value) if (self.min..=self.max).contains(value) => None,
+            Some(value) if *value < self.min => Some(format!(
+                "incomplete: {} = {value} (needs at least {})",
+                self.metric, self.min
+            )),
+            Some(value) => Some(format!(
+                "incomplete: {} = {value} (needs at most {})",
+                self.metric, self.max
+            )),
+            None => Some(format!("incomplete: no {} reported", self.metric)),
+        }
+    }
+}
+
 /// A millisecond metric's tick.
 const MS_TICK: f64 = 1.0;
 /// A second metric's tick.
@@ -190,6 +238,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         ],
         realtime: true,
         floors: &[],
+        requires: &[],
         run: calibration::run,
     },
     Experiment {
@@ -210,6 +259,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
                 MS_TICK,
             ),
         ],
+        requires: &[Require::at_least("delivered_ratio", 1.0)],
         run: fanout::run,
     },
     Experiment {
@@ -228,6 +278,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "distinct_bytes_per_node",
             0.0,
         )],
+        requires: &[Require::at_least("consensus_delivery_ratio", 1.0)],
         run: gossip::run,
     },
     Experiment {
@@ -253,11 +304,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "ideal_transfer_s",
             S_TICK,
         )],
+        requires: &[Require::at_least("complete", 1.0)],
         run: multipath_raw::run,
     },
     Experiment {
         kind: "session",
-        description: "the session over QUIC datagrams: a direct path and a relay path",
+        description: "the session over QUIC datagrams: a direct path and relay paths",
         policies: &["classic", "nkp24", "meshwire"],
         workloads: &[Workload::with::<multipath_quic::Params>(
             "transfer",
@@ -270,6 +322,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "ideal_transfer_s",
             S_TICK,
         )],
+        requires: &[Require::at_least("complete", 1.0)],
         run: multipath_quic::run,
     },
     Experiment {
@@ -282,6 +335,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         )],
         realtime: false,
         floors: &[],
+        requires: &[],
         run: lab_cost::run,
     },
     Experiment {
@@ -302,6 +356,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
             Floor::new("hop_p50", "hop_transfer_ms_p50", "hop_floor_ms", MS_TICK),
             Floor::new("hop_p99", "hop_transfer_ms_p99", "hop_floor_ms", MS_TICK),
         ],
+        requires: &[Require::at_most("batches_failed", 0.0)],
         run: ring_batches::run,
     },
     Experiment {
@@ -314,6 +369,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         )],
         realtime: false,
         floors: &[Floor::new("p99", "fetch_ms_p99", "ideal_ms_p99", MS_TICK)],
+        requires: &[Require::at_least("quorum_ratio", 1.0)],
         run: quorum_reads::run,
     },
 ];

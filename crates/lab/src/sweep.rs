@@ -13,8 +13,9 @@
 //! deterministic in virtual time, byte-identical reports. Each case becomes an ordinary one-case
 //! scenario file ([`Sweep::case_text`], what `meshwire lab sweep --print-case K` prints), parsed
 //! and checked like any other, and runs under every policy. The experiment's [`Floor`]s turn its
-//! metrics into ratios; a case that fails is kept, as a failure with its reason, and counts as
-//! infinitely bad in the distributions.
+//! metrics into ratios; a case that fails (an error, a panic, or a result that misses one of the
+//! experiment's [`Require`](crate::experiments::Require)ments, such as delivering everything) is
+//! kept, as a failure with its reason, and counts as infinitely bad in the distributions.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -24,7 +25,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::experiments::{self, Experiment, Floor, Trial};
+use crate::experiments::{self, Experiment, Trial};
 use crate::lab::derive_seed;
 use crate::scenario::{format_number, ScenarioError, ScenarioFile};
 use crate::stats::{percentile, round_metric, Metrics};
@@ -358,7 +359,7 @@ impl Sweep {
                         run_trial(experiment, &trial, &mut tick)
                     }
                 };
-                results.push(PolicyRun::new(experiment.floors, policy, outcome));
+                results.push(PolicyRun::new(experiment, policy, outcome));
             }
             drawn.results = results;
             runs.push(drawn);
@@ -692,24 +693,36 @@ pub struct PolicyRun {
     pub policy: String,
     /// Why the trial failed, if it did.
     pub failed: Option<String>,
-    /// Its metrics (empty when it failed).
+    /// Its metrics (empty when it did not finish).
     pub metrics: Metrics,
     /// Each floor's ratio, metric over floor.
     pub ratios: BTreeMap<String, f64>,
 }
 
 impl PolicyRun {
-    fn new(floors: &[Floor], policy: &str, outcome: Result<Metrics, String>) -> Self {
+    /// A trial's outcome; one that misses a requirement keeps its metrics but fails, without
+    /// ratios.
+    fn new(experiment: &Experiment, policy: &str, outcome: Result<Metrics, String>) -> Self {
         let (failed, metrics) = match outcome {
-            Ok(metrics) => (None, metrics),
+            Ok(metrics) => (
+                experiment
+                    .requires
+                    .iter()
+                    .find_map(|require| require.missed(&metrics)),
+                metrics,
+            ),
             Err(reason) => (Some(reason), Metrics::new()),
         };
-        let ratios = floors
-            .iter()
-            .filter_map(|floor| {
-                Some((floor.name.to_string(), round_metric(floor.ratio(&metrics)?)))
-            })
-            .collect();
+        let ratios = match failed {
+            Some(_) => BTreeMap::new(),
+            None => experiment
+                .floors
+                .iter()
+                .filter_map(|floor| {
+                    Some((floor.name.to_string(), round_metric(floor.ratio(&metrics)?)))
+                })
+                .collect(),
+        };
         Self {
             policy: policy.to_string(),
             failed,
@@ -846,7 +859,7 @@ impl SweepReport {
             }
         }
         for case in &cases {
-            for run in &case.results {
+            for run in case.results.iter().filter(|run| run.failed.is_none()) {
                 for floor in floors.iter().filter(|floor| floor.beaten(&run.metrics)) {
                     below_floor.push(BelowFloor {
                         case: case.index,

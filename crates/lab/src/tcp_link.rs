@@ -461,7 +461,7 @@ mod tests {
             rate: BYTE_PER_MICROSECOND,
             ..LinkSpec::default()
         };
-        let links = TcpLinks::new(Network::new(spec, true), TICK);
+        let links = TcpLinks::new(Network::new(spec, crate::socket::Carrier::Turmoil), TICK);
         let mut sim = turmoil::Builder::new()
             .tick_duration(TICK)
             .min_message_latency(latency)

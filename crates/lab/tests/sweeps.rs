@@ -113,6 +113,21 @@ fn multipath_transfers_stay_above_the_latency_aware_ideal_and_are_deterministic(
 }
 
 #[test]
+fn sessions_over_quic_stay_above_the_latency_aware_ideal() {
+    let sweep = sweep(
+        "session",
+        "transfer",
+        r#"["classic", "nkp24", "meshwire"]"#,
+        "{ latency_ms = 5 }",
+        "{ mib = 1, direct = { latency_ms = { range = [5, 40] }, \
+         rate_packets_per_s = { range = [500, 2000] } }, relays = { repeat = [1, 2], each = { \
+         latency_ms = { range = [5, 60] }, rate_packets_per_s = { range = [300, 2000] }, \
+         loss = { choose = [0.0, 0.02] } } } }",
+    );
+    run(&sweep, 2);
+}
+
+#[test]
 fn quorum_reads_stay_above_their_floor_and_are_deterministic() {
     let sweep = sweep(
         "zold-fetch",
