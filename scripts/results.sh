@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Regenerate docs/RESULTS.md: every lab scenario (virtual time, plus the real-time calibration
-# cross-check), then the criterion benchmarks with their allocation counts, then the HTTP
-# benchmark (bench/http.sh, needs wrk).
+# Regenerate docs/RESULTS.md and its charts (docs/plots/*.svg): every lab scenario (virtual time,
+# plus the real-time calibration cross-check), every sweep in scenarios/sweeps/ at its file's case
+# count, then the criterion benchmarks with their allocation counts, then the HTTP benchmark
+# (bench/http.sh, needs wrk).
+# Cost on a 2-core machine (release build, after the build): scenarios about 12 min (ic-gossip 5),
+# sweeps about 10 min (each file states its own cost), benchmarks about 3 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
