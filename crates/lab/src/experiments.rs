@@ -204,6 +204,16 @@ impl Require {
     }
 }
 
+/// A transfer's floor (raw multipath and the session over QUIC): the latency-aware ideal.
+const TRANSFER_FLOORS: &[Floor] = &[Floor::new(
+    "transfer",
+    "transfer_s",
+    "ideal_transfer_s",
+    S_TICK,
+)];
+/// A transfer counts when every byte arrived.
+const TRANSFER_REQUIRES: &[Require] = &[Require::at_least("complete", 1.0)];
+
 /// A millisecond metric's tick.
 const MS_TICK: f64 = 1.0;
 /// A second metric's tick.
@@ -298,13 +308,8 @@ pub const EXPERIMENTS: &[Experiment] = &[
             },
         ],
         realtime: false,
-        floors: &[Floor::new(
-            "transfer",
-            "transfer_s",
-            "ideal_transfer_s",
-            S_TICK,
-        )],
-        requires: &[Require::at_least("complete", 1.0)],
+        floors: TRANSFER_FLOORS,
+        requires: TRANSFER_REQUIRES,
         run: multipath_raw::run,
     },
     Experiment {
@@ -316,13 +321,8 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "send `mib` MiB from a to b",
         )],
         realtime: false,
-        floors: &[Floor::new(
-            "transfer",
-            "transfer_s",
-            "ideal_transfer_s",
-            S_TICK,
-        )],
-        requires: &[Require::at_least("complete", 1.0)],
+        floors: TRANSFER_FLOORS,
+        requires: TRANSFER_REQUIRES,
         run: multipath_quic::run,
     },
     Experiment {

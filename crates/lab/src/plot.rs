@@ -639,6 +639,23 @@ fn log_axis(range: Range<f64>, ticks: Vec<f64>) -> Ticked<LogCoord<f64>> {
     }
 }
 
+/// Draws the legend at `position` and writes the chart out.
+fn finish<'a, X: Ranged, Y: Ranged>(
+    context: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    root: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
+    position: SeriesLabelPosition,
+) -> Result<(), String> {
+    context
+        .configure_series_labels()
+        .position(position)
+        .label_font((FONT, 13))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)
+}
+
 fn err(error: impl std::fmt::Display) -> String {
     error.to_string()
 }
@@ -764,15 +781,7 @@ fn draw_bars(chart: &BarChart<'_>) -> Result<String, String> {
             root.draw(&Text::new(*case, (px, py + offset), case_style.clone()))
                 .map_err(err)?;
         }
-        context
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font((FONT, 13))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
-        root.present().map_err(err)?;
+        finish(&mut context, &root, SeriesLabelPosition::UpperRight)?;
     }
     Ok(svg)
 }
@@ -835,15 +844,7 @@ fn draw_cdf(title: &str, x_desc: &str, curves: &[Curve<'_>]) -> Result<String, S
                 .label(curve.legend())
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], stroke));
         }
-        context
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .label_font((FONT, 13))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
-        root.present().map_err(err)?;
+        finish(&mut context, &root, SeriesLabelPosition::LowerRight)?;
     }
     Ok(svg)
 }
