@@ -105,7 +105,7 @@ fn payload_bytes_per_s(rate: Rate) -> f64 {
 /// * every peer's payload through the sender's shared uplink:
 ///   `peers × payload ÷ (uplink rate × (1 − loss))` (absent an uplink, nothing is shared),
 ///
-/// where a rate counts payload bytes only ([`payload_bytes_per_s`]: framing, QUIC and handshakes
+/// where a rate counts payload bytes only (`payload_bytes_per_s`: framing, QUIC and handshakes
 /// are free) and loss is the link's i.i.d. loss at its expected value (the lab draws loss after a
 /// datagram has passed the uplink and its link, so a lost datagram has used both). Jitter, queues,
 /// congestion control and the serialization of the first datagram at every hop are left out, which
