@@ -14,6 +14,9 @@
 //! - [`Carrier::Loopback`]: real sockets with nothing in between. The sender emulates the egress
 //!   (uplink and link pacers, drop-tail queues) and the receiver the path: it drops i.i.d. losses
 //!   and holds every datagram for the link's latency plus jitter before quinn sees it.
+//! - [`Carrier::KernelRate`]: real sockets whose kernel serializes bit-rate links itself (`tc tbf`
+//!   on the veths between network namespaces, see `scripts/netns-lab.sh`). The sender paces only
+//!   packet-rate links and uplinks (tbf counts bytes); the receiver emulates the path as above.
 //!
 //! Datagrams that are due go out at once; the rest wait in a departure-ordered heap that an
 //! egress task drains on each timer wake-up, releasing every datagram whose time has passed (tokio
@@ -48,7 +51,7 @@ use tokio::io::Interest;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::link::{LinkSpec, Pacer};
+use crate::link::{LinkSpec, Pacer, Rate};
 
 /// Datagrams a socket buffers on receive before dropping (well above any in-flight window here).
 const RECEIVE_QUEUE: usize = 1 << 16;
@@ -81,6 +84,9 @@ pub enum Carrier {
     /// Real UDP sockets with nothing in between: the sender paces and queues, the receiver
     /// delays, jitters and loses.
     Loopback,
+    /// Real UDP sockets whose kernel serializes bit-rate links (veth + `tc tbf`): the sender paces
+    /// only packet-rate links and uplinks, the receiver delays, jitters and loses.
+    KernelRate,
 }
 
 /// The emulated network's link table: a spec per directed link, a default, optional host uplinks.
@@ -168,7 +174,7 @@ impl Network {
     fn latency_in(&self, table: &Table, a: IpAddr, b: IpAddr) -> Duration {
         match self.carrier {
             Carrier::Turmoil => table.link(a, b).latency.min(table.link(b, a).latency),
-            Carrier::Loopback => Duration::ZERO,
+            Carrier::Loopback | Carrier::KernelRate => Duration::ZERO,
         }
     }
 
@@ -180,6 +186,12 @@ impl Network {
             blocked: table.blocked.contains(&(from, to)),
             transport_latency: self.latency_in(&table, from, to),
         }
+    }
+
+    /// Whether the sockets serialize `spec` themselves (the kernel does bit rates under
+    /// [`Carrier::KernelRate`]).
+    fn socket_paces(&self, spec: &LinkSpec) -> bool {
+        self.carrier != Carrier::KernelRate || matches!(spec.rate, Rate::PacketsPerSec(_))
     }
 
     /// Whether the receiver emulates the path (delay, jitter, loss): on real sockets.
@@ -626,17 +638,21 @@ impl LabSocket {
             },
             None => now,
         };
-        let departs = match egress
-            .links
-            .entry(to.ip())
-            .or_default()
-            .admit(after_uplink, len, &spec)
-        {
-            Ok(done) => done,
-            Err(_) => {
-                self.stats.queue_drops.fetch_add(1, Ordering::Relaxed);
-                return Verdict::Dropped;
+        let departs = if self.network.socket_paces(&spec) {
+            match egress
+                .links
+                .entry(to.ip())
+                .or_default()
+                .admit(after_uplink, len, &spec)
+            {
+                Ok(done) => done,
+                Err(_) => {
+                    self.stats.queue_drops.fetch_add(1, Ordering::Relaxed);
+                    return Verdict::Dropped;
+                }
             }
+        } else {
+            after_uplink
         };
         let at = if path_on_send {
             let extra = spec.latency.saturating_sub(route.transport_latency);

@@ -33,20 +33,29 @@ pub fn run(
     trial: &Trial<'_>,
     progress: &mut dyn FnMut(Duration),
 ) -> Result<Metrics, ScenarioError> {
-    let (case, seed) = (trial.case, trial.seed);
     let params: Params = trial.params()?;
     let in_flight = match trial.policy {
         "meshwire" => 1,
         "meshwire-pipelined" => params.pipelined_k as usize,
         #[cfg(feature = "baselines")]
         other => match grpc::Baseline::from_policy(other) {
-            Some(baseline) => return grpc::run(case, seed, &params, baseline, progress),
+            Some(baseline) => {
+                return grpc::run(trial.case, trial.seed, &params, baseline, progress)
+            }
             None => return Err(unknown_policy(trial)),
         },
         #[cfg(not(feature = "baselines"))]
         _ => return Err(unknown_policy(trial)),
     };
-    pipeline::run(case, seed, &params, in_flight, progress)
+    pipeline::run(trial, &params, in_flight, progress)
+}
+
+/// A case's hosts: `n0` (it measures) to `n{nodes-1}`.
+pub fn hosts(case: &crate::scenario::CaseFile) -> Vec<String> {
+    let nodes = case
+        .params::<Params>()
+        .map_or(Params::default().nodes, |params| params.nodes);
+    (0..nodes).map(|index| format!("n{index}")).collect()
 }
 
 fn unknown_policy(trial: &Trial<'_>) -> ScenarioError {
