@@ -530,7 +530,7 @@ impl LabSocket {
             }
             Transport::Real(socket) => {
                 // The receiver's own stream of loss and jitter draws.
-                let rng = SmallRng::seed_from_u64(seed ^ 0x5eed_0f_1a7e_u64);
+                let rng = SmallRng::seed_from_u64(!seed);
                 tokio::spawn(Untracked::new(real_ingress(
                     socket.clone(),
                     local,

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use meshwire_lab::{run_host, CaseResult, Placement, ScenarioFile};
@@ -32,7 +32,7 @@ params = { mebibytes = 4, warmup_mebibytes = 1 }
 "#;
 
 /// Runs `case` with host `a` and host `b` each in its own lab on its own thread.
-fn run_split(case: &str, control: &PathBuf) -> (Option<CaseResult>, Option<CaseResult>) {
+fn run_split(case: &str, control: &Path) -> (Option<CaseResult>, Option<CaseResult>) {
     let scenario = ScenarioFile::parse(SCENARIO, "inline").unwrap();
     let addresses: BTreeMap<String, IpAddr> = [
         ("a".to_string(), "127.0.79.1".parse().unwrap()),
@@ -45,7 +45,7 @@ fn run_split(case: &str, control: &PathBuf) -> (Option<CaseResult>, Option<CaseR
         let placement = Placement {
             host: host.to_string(),
             addresses: addresses.clone(),
-            control_dir: control.clone(),
+            control_dir: control.to_path_buf(),
             start,
             kernel_rate: false,
         };
