@@ -20,7 +20,7 @@
 #
 # A few metrics are shown but not judged, for the reasons given where `not_judged` is set below.
 #
-# Cost: under 3 minutes: 158-162 s measured on a 2-core machine (shared with other builds), after
+# Cost: under 3 minutes: 152-162 s measured on a 2-core machine (shared with other builds), after
 # the release build of meshwire (reused when current; several minutes from scratch). Needs root,
 # `ip` and `tc` (iproute2); without them it prints "skipped: ..." and exits 0.
 # Creates namespaces named mwl<pid>-*, uses only 10.77.0.0/24 inside them, and deletes them on exit.
