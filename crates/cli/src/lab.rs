@@ -1,11 +1,16 @@
 //! `meshwire lab`: list and run scenario files, plot their reports.
 
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use meshwire_lab::plot::PlotInput;
+use meshwire_lab::scenario::format_number;
 use meshwire_lab::{
-    experiments, run_scenario_observed, Mode, RunEvent, ScenarioFile, Sweep, EXPERIMENTS,
+    experiments, run_host, run_scenario_observed, Mode, Placement, Rate, Report, RunEvent,
+    ScenarioFile, Sweep, EXPERIMENTS,
 };
 
 use crate::progress::Progress;
@@ -23,7 +28,8 @@ pub enum LabCommand {
         #[arg(long)]
         json: bool,
         /// Cross-check on real UDP sockets on loopback in real time (127.0.0.2 and up) instead of
-        /// virtual time. Not deterministic; crash and restart events are not supported.
+        /// virtual time. Not deterministic; crash and restart events are not supported; policies
+        /// that need virtual time are left out (with a note on standard error).
         #[arg(long)]
         realtime: bool,
     },
@@ -44,6 +50,63 @@ pub enum LabCommand {
         /// Print case K as an ordinary scenario file (to rerun and debug it alone) and exit.
         #[arg(long, value_name = "K")]
         print_case: Option<usize>,
+    },
+    /// Compare two reports (`lab run --json` output) metric by metric: both values and their
+    /// ratio. Exits with an error when a compared metric differs by more than the tolerance.
+    Compare {
+        /// The reference report.
+        base: PathBuf,
+        /// The report judged against it.
+        other: PathBuf,
+        /// Column names for the two reports.
+        #[arg(long, default_value = "base,other")]
+        names: String,
+        /// Largest accepted |other / base - 1|.
+        #[arg(long, default_value_t = 0.1)]
+        tolerance: f64,
+        /// Metrics shown but not judged (repeatable): METRIC, CASE/METRIC or CASE/POLICY/METRIC.
+        #[arg(long)]
+        ignore: Vec<String>,
+    },
+    /// For scripts: one tab-separated line per case and policy of a scenario file: case,
+    /// policy, the case's hosts ("-" when the policy needs virtual time), the case link's bit
+    /// rate in bit/s (0: unlimited or a packet rate), its queue in bytes, its duration in s.
+    #[command(hide = true)]
+    Plan {
+        /// The scenario file.
+        file: PathBuf,
+    },
+    /// For scripts: run one host of one case in this process, on real sockets at its address,
+    /// the other hosts in their own processes (scripts/netns-lab.sh). Prints the case's result
+    /// as one JSON line if this host measured it.
+    #[command(hide = true)]
+    Host {
+        /// The scenario file.
+        file: PathBuf,
+        /// The case.
+        #[arg(long)]
+        case: String,
+        /// The policy.
+        #[arg(long)]
+        policy: String,
+        /// The host this process runs.
+        #[arg(long)]
+        host: String,
+        /// Every host's address: name=ip,name=ip,...
+        #[arg(long)]
+        hosts: String,
+        /// A directory every host's process can reach, for their control sockets.
+        #[arg(long)]
+        control: PathBuf,
+        /// When the run starts, in milliseconds since the Unix epoch (the same for every host).
+        #[arg(long)]
+        start_unix_ms: u64,
+        /// Override the scenario's seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// The kernel serializes bit-rate links (tc tbf); the sockets only delay, jitter and lose.
+        #[arg(long)]
+        kernel_rate: bool,
     },
     /// Run every scenario and every sweep and write the scoreboard (docs/RESULTS.md) with its
     /// charts.
@@ -103,6 +166,20 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
             } else {
                 Mode::Virtual
             };
+            if let Some(experiment) = experiments::find(&scenario.kind).filter(|_| realtime) {
+                let virtual_only: Vec<&str> = scenario
+                    .policies
+                    .iter()
+                    .filter(|policy| !experiment.runs_in_real_time(policy))
+                    .map(String::as_str)
+                    .collect();
+                if !virtual_only.is_empty() {
+                    eprintln!(
+                        "note: {} need virtual time and are left out",
+                        virtual_only.join(", ")
+                    );
+                }
+            }
             let progress = Progress::new(trials(&scenario));
             let report =
                 run_scenario_observed(&scenario, seed, mode, |event| observe(&progress, 0, event))?;
@@ -155,6 +232,63 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
             out,
             plots,
         } => results(&dir, &sweeps, sweep_cases, &out, &plots),
+        LabCommand::Compare {
+            base,
+            other,
+            names,
+            tolerance,
+            ignore,
+        } => compare(&base, &other, &names, tolerance, &ignore),
+        LabCommand::Plan { file } => {
+            let scenario = ScenarioFile::load(&file)?;
+            let experiment = experiments::find(&scenario.kind)
+                .with_context(|| format!("unknown kind {}", scenario.kind))?;
+            for case in &scenario.cases {
+                let spec = case.link.spec().map_err(anyhow::Error::msg)?;
+                let rate = match spec.rate {
+                    Rate::BitsPerSec(bits) => bits,
+                    Rate::Unlimited | Rate::PacketsPerSec(_) => 0,
+                };
+                for policy in &scenario.policies {
+                    let hosts = match experiment.realtime {
+                        Some(real) if experiment.runs_in_real_time(policy) => {
+                            (real.hosts)(case).join(",")
+                        }
+                        _ => "-".to_string(),
+                    };
+                    println!(
+                        "{}\t{}\t{}\t{}\t{}\t{}",
+                        case.name, policy, hosts, rate, spec.queue_bytes, case.duration_s
+                    );
+                }
+            }
+            Ok(())
+        }
+        LabCommand::Host {
+            file,
+            case,
+            policy,
+            host,
+            hosts,
+            control,
+            start_unix_ms,
+            seed,
+            kernel_rate,
+        } => {
+            let scenario = ScenarioFile::load(&file)?;
+            let placement = Placement {
+                host,
+                addresses: parse_hosts(&hosts)?,
+                control_dir: control,
+                start: SystemTime::UNIX_EPOCH + Duration::from_millis(start_unix_ms),
+                kernel_rate,
+            };
+            let seed = seed.unwrap_or(scenario.seed);
+            if let Some(result) = run_host(&scenario, seed, &case, &policy, &placement)? {
+                println!("{}", result.to_json());
+            }
+            Ok(())
+        }
         LabCommand::List { dir } => {
             for path in scenario_files(&dir)? {
                 let scenario = ScenarioFile::load(&path)?;
@@ -223,8 +357,13 @@ fn results(
     let mut scenarios = Vec::new();
     for path in scenario_files(dir)? {
         let scenario = ScenarioFile::load(&path)?;
-        let realtime =
-            experiments::find(&scenario.kind).is_some_and(|experiment| experiment.realtime);
+        // The real-socket cross-check, for scenarios whose every policy runs in real time.
+        let realtime = experiments::find(&scenario.kind).is_some_and(|experiment| {
+            scenario
+                .policies
+                .iter()
+                .all(|policy| experiment.runs_in_real_time(policy))
+        });
         scenarios.push((path, scenario, realtime));
     }
     let mut sweeps = Vec::new();
@@ -389,6 +528,88 @@ bad. Per policy and ratio: the distribution over cases, then the worst cases wit
 link and parameters (rerun one alone with `--print-case K`), a chart of the ratio's distribution \
 (one curve per policy; a curve that ends below 1 has failed cases) and every case. The targets \
 for meshwire's ratios are set by the issues of this wave; these pages report where it stands.\n\n";
+
+/// `name=ip,name=ip,...` as a map.
+fn parse_hosts(text: &str) -> anyhow::Result<BTreeMap<String, IpAddr>> {
+    text.split(',')
+        .map(|pair| {
+            let (name, ip) = pair
+                .split_once('=')
+                .with_context(|| format!("{pair:?} is not name=ip"))?;
+            let ip = ip
+                .parse()
+                .with_context(|| format!("{ip:?} is not an IP address"))?;
+            Ok((name.to_string(), ip))
+        })
+        .collect()
+}
+
+/// Prints two reports side by side and fails if a judged metric is out of tolerance.
+fn compare(
+    base: &Path,
+    other: &Path,
+    names: &str,
+    tolerance: f64,
+    ignore: &[String],
+) -> anyhow::Result<()> {
+    let read = |path: &Path| -> anyhow::Result<Report> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        Report::from_json(&text).with_context(|| format!("{} is not a report", path.display()))
+    };
+    let (base, other) = (read(base)?, read(other)?);
+    let (base_name, other_name) = names.split_once(',').unwrap_or(("base", "other"));
+    println!("| case | policy | metric | {base_name} | {other_name} | ratio | |");
+    println!("|---|---|---|---|---|---|---|");
+    let show = |value: Option<f64>| value.map_or("-".to_string(), format_number);
+    let mut judged = 0;
+    let mut outside = Vec::new();
+    for row in base.compare(&other) {
+        let verdict = if row.base.is_none() || row.other.is_none() {
+            "only in one"
+        } else if ignore.iter().any(|entry| {
+            *entry == row.metric
+                || *entry == format!("{}/{}", row.case, row.metric)
+                || *entry == format!("{}/{}/{}", row.case, row.policy, row.metric)
+        }) {
+            "not judged"
+        } else {
+            judged += 1;
+            if row.within(tolerance) {
+                "ok"
+            } else {
+                outside.push(format!("{}/{}/{}", row.case, row.policy, row.metric));
+                "OUTSIDE"
+            }
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            row.case,
+            row.policy,
+            row.metric,
+            show(row.base),
+            show(row.other),
+            row.ratio()
+                .map_or("-".to_string(), |ratio| format!("{ratio:.3}")),
+            verdict
+        );
+    }
+    println!(
+        "\n{} of {judged} compared metrics within {:.0}%",
+        judged - outside.len(),
+        tolerance * 100.0
+    );
+    if outside.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "{} outside {:.0}%: {}",
+            outside.len(),
+            tolerance * 100.0,
+            outside.join(", ")
+        )
+    }
+}
 
 /// The `.toml` files in `dir`, sorted.
 pub fn scenario_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {

@@ -19,6 +19,9 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
+use crate::lab::Lab;
+use crate::link::LinkSpec;
+use crate::placement::Placement;
 use crate::scenario::{CaseFile, ScenarioError};
 use crate::stats::Metrics;
 use crate::Mode;
@@ -36,6 +39,8 @@ pub struct Trial<'a> {
     pub policy: &'a str,
     /// Virtual or real time.
     pub mode: Mode,
+    /// In real time: when this process runs only one host of the case (`meshwire lab host`).
+    pub placement: Option<&'a Placement>,
 }
 
 impl Trial<'_> {
@@ -57,6 +62,21 @@ impl Trial<'_> {
         self.policy
             .parse()
             .map_err(|error: P::Err| self.failed(error.to_string()))
+    }
+
+    /// The lab this trial runs in, its links following `default`: virtual time (limited to the
+    /// case's duration and a second), real sockets on loopback, or this process's host of a
+    /// placed case.
+    pub fn lab(&self, default: LinkSpec) -> Lab {
+        match (self.mode, self.placement) {
+            (Mode::Virtual, _) => Lab::new(
+                self.seed,
+                default,
+                self.case.duration() + Duration::from_secs(1),
+            ),
+            (Mode::Realtime, None) => Lab::realtime(self.seed, default),
+            (Mode::Realtime, Some(placement)) => Lab::placed(self.seed, default, placement.clone()),
+        }
     }
 
     /// A failure of this trial's case.
@@ -105,8 +125,8 @@ pub struct Experiment {
     pub policies: &'static [&'static str],
     /// Its workloads.
     pub workloads: &'static [Workload],
-    /// Whether it also runs on real sockets in real time (`--realtime`).
-    pub realtime: bool,
+    /// What of it also runs on real sockets in real time (`--realtime`, `meshwire lab host`).
+    pub realtime: Option<RealSockets>,
     /// Its physical floors: which measured metric each bounds from below.
     pub floors: &'static [Floor],
     /// What a run must achieve to count in a sweep (everything delivered, every read at
@@ -224,6 +244,22 @@ impl Experiment {
     pub fn workload(&self, name: &str) -> Option<&'static Workload> {
         self.workloads.iter().find(|workload| workload.name == name)
     }
+
+    /// Whether `policy` also runs on real sockets.
+    pub fn runs_in_real_time(&self, policy: &str) -> bool {
+        self.realtime
+            .is_some_and(|real| real.policies.contains(&policy))
+    }
+}
+
+/// The part of an experiment that also runs on real sockets.
+#[derive(Debug, Clone, Copy)]
+pub struct RealSockets {
+    /// The policies that do (the others need virtual time, e.g. turmoil's TCP).
+    pub policies: &'static [&'static str],
+    /// A case's hosts by name, as `meshwire lab plan` lists them for scripts that give each its
+    /// own process (`meshwire lab host`).
+    pub hosts: fn(&CaseFile) -> Vec<String>,
 }
 
 /// Every experiment, by kind.
@@ -246,7 +282,10 @@ pub const EXPERIMENTS: &[Experiment] = &[
                 "messages across a link cut and repaired",
             ),
         ],
-        realtime: true,
+        realtime: Some(RealSockets {
+            policies: &["meshwire"],
+            hosts: calibration::hosts,
+        }),
         floors: &[],
         requires: &[],
         run: calibration::run,
@@ -259,7 +298,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "fanout",
             "one message from a sender to every receiver",
         )],
-        realtime: false,
+        realtime: None,
         floors: &[
             Floor::new("heap", "sender_heap_peak_bytes", "heap_floor_bytes", 0.0),
             Floor::new(
@@ -281,7 +320,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "ic-subnet",
             "ingress, blocks and shares in a full mesh",
         )],
-        realtime: false,
+        realtime: None,
         floors: &[Floor::new(
             "bytes",
             "received_bytes_per_node",
@@ -307,7 +346,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
                 check: multipath_raw::check,
             },
         ],
-        realtime: false,
+        realtime: None,
         floors: TRANSFER_FLOORS,
         requires: TRANSFER_REQUIRES,
         run: multipath_raw::run,
@@ -320,7 +359,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "transfer",
             "send `mib` MiB from a to b",
         )],
-        realtime: false,
+        realtime: None,
         floors: TRANSFER_FLOORS,
         requires: TRANSFER_REQUIRES,
         run: multipath_quic::run,
@@ -333,7 +372,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "mesh-requests",
             "echo requests to random peers",
         )],
-        realtime: false,
+        realtime: None,
         floors: &[],
         requires: &[],
         run: lab_cost::run,
@@ -351,7 +390,10 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "ring",
             "hop transfer, ring ping and batches round the ring",
         )],
-        realtime: false,
+        realtime: Some(RealSockets {
+            policies: &["meshwire", "meshwire-pipelined"],
+            hosts: ring_batches::hosts,
+        }),
         floors: &[
             Floor::new("hop_p50", "hop_transfer_ms_p50", "hop_floor_ms", MS_TICK),
             Floor::new("hop_p99", "hop_transfer_ms_p99", "hop_floor_ms", MS_TICK),
@@ -367,7 +409,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
             "quorum-reads",
             "reads at a fixed rate, each at quorum",
         )],
-        realtime: false,
+        realtime: None,
         floors: &[Floor::new("p99", "fetch_ms_p99", "ideal_ms_p99", MS_TICK)],
         requires: &[Require::at_least("quorum_ratio", 1.0)],
         run: quorum_reads::run,

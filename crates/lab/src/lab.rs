@@ -10,8 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use meshwire::{Keypair, Metrics, Node, NodeConfig, PeerId};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use crate::link::{LinkSpec, Rate};
+use crate::placement::{Control, Placement, SharedLog};
 use crate::socket::{Carrier, LabSocket, Network, SocketStats};
 
 /// UDP port every lab node listens on.
@@ -49,6 +52,22 @@ pub enum LabError {
     /// The real-time runtime could not be built.
     #[error("cannot start the real-time runtime")]
     Runtime(#[source] std::io::Error),
+    /// The control socket of a placed lab could not be bound.
+    #[error("cannot bind the control socket in {dir}")]
+    Control {
+        /// The control directory.
+        dir: std::path::PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// A placed lab could not bind its host's node socket.
+    #[error("cannot bind {address}")]
+    Bind {
+        /// The address.
+        address: SocketAddr,
+        /// What the OS said.
+        source: std::io::Error,
+    },
     /// A name that is not a host of this lab.
     #[error("unknown host {0:?}")]
     UnknownHost(String),
@@ -88,7 +107,11 @@ pub struct HostContext {
     network: Arc<Network>,
     metrics: MetricsBoard,
     realtime: bool,
+    prebound: Prebound,
 }
+
+/// A placed lab's node socket, bound before the run starts (see [`Lab::placed`]).
+type Prebound = Rc<RefCell<Option<Arc<LabSocket>>>>;
 
 /// The metrics of every node the lab started, by host name (the latest incarnation's).
 type MetricsBoard = Rc<RefCell<BTreeMap<String, Arc<Metrics>>>>;
@@ -117,8 +140,15 @@ impl HostContext {
         Ok((node, stats))
     }
 
-    /// Binds a raw emulated socket on `port` (for calibrating the emulator without QUIC).
+    /// Binds a raw emulated socket on `port` (for calibrating the emulator without QUIC). In a
+    /// placed lab the host's node socket was bound before the run: the first bind of [`NODE_PORT`]
+    /// returns it.
     pub async fn bind(&self, port: u16) -> std::io::Result<Arc<LabSocket>> {
+        if port == NODE_PORT {
+            if let Some(socket) = self.prebound.borrow_mut().take() {
+                return Ok(socket);
+            }
+        }
         let seed = derive_seed(self.seed, &self.name, u64::from(port));
         if self.realtime {
             let address = SocketAddr::new(self.ip, port);
@@ -171,14 +201,24 @@ pub fn host_keypair(seed: u64, name: &str) -> Keypair {
 
 type LocalFuture = Pin<Box<dyn Future<Output = Result<(), Box<dyn std::error::Error>>>>>;
 
-/// Where the hosts run: turmoil in virtual time, or tasks on real loopback sockets in real time.
+/// Where the hosts run: turmoil in virtual time, or tasks on real sockets in real time.
 enum Backend {
     Simulated(Box<turmoil::Sim<'static>>),
     Realtime {
         hosts: Vec<(String, Box<dyn Fn() -> LocalFuture>)>,
         clients: Vec<(String, LocalFuture)>,
         ips: BTreeMap<String, IpAddr>,
+        /// When this process runs one host of the lab: which, and the channel to the others.
+        placed: Option<Placed>,
     },
+}
+
+/// A lab's part when its hosts run as separate processes.
+struct Placed {
+    placement: Placement,
+    control: Rc<Control>,
+    /// Clients that run in other processes.
+    remote_clients: Vec<String>,
 }
 
 /// An emulated network under construction or running.
@@ -189,6 +229,7 @@ pub struct Lab {
     hosts: Vec<String>,
     clients: usize,
     metrics: MetricsBoard,
+    prebound: Prebound,
     schedule: Vec<(Duration, LabEvent)>,
 }
 
@@ -232,8 +273,36 @@ impl Lab {
             hosts: Vec::new(),
             clients: Vec::new(),
             ips: BTreeMap::new(),
+            placed: None,
         };
         Self::with_backend(backend, seed, Network::new(default, Carrier::Loopback))
+    }
+
+    /// A lab in real time of which this process runs only `placement.host`, at its address; the
+    /// other hosts run in other processes at theirs (see [`crate::placement`]). The sockets pace
+    /// bit-rate links themselves unless `placement.kernel_rate` says the kernel does.
+    ///
+    /// Every process binds its host's node socket, then waits until every other process has
+    /// too, and only then starts its host at `placement.start` (clients a millisecond later, so the
+    /// hosts of other processes have bound whatever else they bind): a first datagram that found
+    /// its peer not yet listening would be a loss, and QUIC counts a lost Initial as congestion.
+    pub fn placed(seed: u64, default: LinkSpec, placement: Placement) -> Self {
+        let carrier = if placement.kernel_rate {
+            Carrier::KernelRate
+        } else {
+            Carrier::Loopback
+        };
+        let backend = Backend::Realtime {
+            hosts: Vec::new(),
+            clients: Vec::new(),
+            ips: placement.addresses.clone(),
+            placed: Some(Placed {
+                control: Rc::new(Control::new(&placement)),
+                placement,
+                remote_clients: Vec::new(),
+            }),
+        };
+        Self::with_backend(backend, seed, Network::new(default, carrier))
     }
 
     fn with_backend(backend: Backend, seed: u64, network: Arc<Network>) -> Self {
@@ -244,6 +313,7 @@ impl Lab {
             hosts: Vec::new(),
             clients: 0,
             metrics: Rc::default(),
+            prebound: Rc::default(),
             schedule: Vec::new(),
         }
     }
@@ -272,12 +342,18 @@ impl Lab {
                 context.ip = turmoil::lookup(context.name.as_str());
                 software(context)
             }),
-            Backend::Realtime { hosts, .. } => {
-                let context = context.clone();
-                hosts.push((
-                    name.to_string(),
-                    Box::new(move || Box::pin(software(context.clone())) as LocalFuture),
-                ));
+            Backend::Realtime { hosts, placed, .. } => {
+                // A placed lab runs only its own host; the others run elsewhere.
+                if placed
+                    .as_ref()
+                    .is_none_or(|placed| placed.placement.host == name)
+                {
+                    let context = context.clone();
+                    hosts.push((
+                        name.to_string(),
+                        Box::new(move || Box::pin(software(context.clone())) as LocalFuture),
+                    ));
+                }
             }
         }
         self.register(name);
@@ -295,9 +371,14 @@ impl Lab {
                 context.ip = turmoil::lookup(context.name.as_str());
                 software(context).await
             }),
-            Backend::Realtime { clients, .. } => {
-                clients.push((name.to_string(), Box::pin(software(context))));
-            }
+            Backend::Realtime {
+                clients, placed, ..
+            } => match placed {
+                Some(placed) if placed.placement.host != name => {
+                    placed.remote_clients.push(name.to_string());
+                }
+                _ => clients.push((name.to_string(), Box::pin(software(context)))),
+            },
         }
         self.clients += 1;
         self.register(name);
@@ -306,6 +387,12 @@ impl Lab {
     fn context_template(&mut self, name: &str) -> HostContext {
         let ip = match &mut self.backend {
             Backend::Simulated(_) => IpAddr::from([0, 0, 0, 0]),
+            // Placed: the placement's address (a host it does not name fails the run).
+            Backend::Realtime {
+                ips,
+                placed: Some(_),
+                ..
+            } => ips.get(name).copied().unwrap_or(IpAddr::from([0, 0, 0, 0])),
             Backend::Realtime { ips, .. } => {
                 let index = ips.len() as u32 + 2;
                 let ip = IpAddr::from(std::net::Ipv4Addr::from(0x7f00_0000 + index));
@@ -319,8 +406,26 @@ impl Lab {
             seed: self.seed,
             network: self.network.clone(),
             metrics: self.metrics.clone(),
+            prebound: self.prebound.clone(),
             realtime: self.is_realtime(),
         }
+    }
+
+    /// A new log that hosts of this lab share: one host appends, any host reads. Within one
+    /// process it is shared memory; across the processes of a placed lab its entries are sent to
+    /// every process. `name` must be unique in the lab.
+    pub fn shared_log<T: Serialize + DeserializeOwned + 'static>(
+        &self,
+        name: &str,
+    ) -> SharedLog<T> {
+        let control = match &self.backend {
+            Backend::Realtime {
+                placed: Some(placed),
+                ..
+            } => Some(placed.control.clone()),
+            _ => None,
+        };
+        SharedLog::new(name, control)
     }
 
     /// The metrics of every node started so far, by host name (after a restart, the new node's).
@@ -461,11 +566,34 @@ impl Lab {
         duration: Duration,
         mut progress: impl FnMut(Duration),
     ) -> Result<bool, LabError> {
-        let Backend::Realtime { hosts, clients, .. } = &mut self.backend else {
+        let names = self.hosts.clone();
+        let Backend::Realtime {
+            hosts,
+            clients,
+            placed,
+            ..
+        } = &mut self.backend
+        else {
             return Ok(false);
         };
         let hosts = std::mem::take(hosts);
         let clients = std::mem::take(clients);
+        // A placed lab: its channel to the other processes, their clients, its placement.
+        let placed = placed.as_ref().map(|placed| {
+            (
+                placed.control.clone(),
+                placed.remote_clients.clone(),
+                placed.placement.clone(),
+            )
+        });
+        if let Some((_, _, placement)) = &placed {
+            if let Some(missing) = names
+                .iter()
+                .find(|name| !placement.addresses.contains_key(*name))
+            {
+                return Err(LabError::UnknownHost(missing.clone()));
+            }
+        }
         let mut schedule = std::mem::take(&mut self.schedule);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -473,7 +601,16 @@ impl Lab {
             .map_err(LabError::Runtime)?;
         let local = tokio::task::LocalSet::new();
         let result = local.block_on(&runtime, async {
-            let start = tokio::time::Instant::now();
+            let start = match &placed {
+                Some((control, _, placement)) => {
+                    self.prepare_placed(control, placement, &names, duration)
+                        .await?
+                }
+                None => Some(tokio::time::Instant::now()),
+            };
+            let Some(start) = start else {
+                return Ok(false);
+            };
             REALTIME_EPOCH.with(|epoch| epoch.set(Some(start)));
             for (name, software) in &hosts {
                 let future = software();
@@ -484,6 +621,14 @@ impl Lab {
                     }
                 });
             }
+            if placed.is_some() && !clients.is_empty() {
+                tokio::time::sleep_until(start + TICK).await;
+            }
+            let announce_finished = || {
+                if let Some((control, _, _)) = &placed {
+                    control.announce_finished();
+                }
+            };
             let mut running: Vec<_> = clients
                 .into_iter()
                 .map(|(name, future)| (name, tokio::task::spawn_local(future)))
@@ -499,7 +644,11 @@ impl Lab {
                 while index < running.len() {
                     if running[index].1.is_finished() {
                         let (name, handle) = running.remove(index);
-                        match handle.await {
+                        let outcome = handle.await;
+                        if running.is_empty() {
+                            announce_finished();
+                        }
+                        match outcome {
                             Ok(Ok(())) => {}
                             Ok(Err(error)) => {
                                 return Err(LabError::HostFailed {
@@ -515,7 +664,10 @@ impl Lab {
                         index += 1;
                     }
                 }
-                if self.clients > 0 && running.is_empty() {
+                let elsewhere_done = placed
+                    .as_ref()
+                    .is_none_or(|(control, remote, _)| control.finished(remote));
+                if self.clients > 0 && running.is_empty() && elsewhere_done {
                     return Ok(true);
                 }
                 if now >= duration {
@@ -528,8 +680,63 @@ impl Lab {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         });
+        if let Some((control, _, _)) = &placed {
+            // Deliver what is still queued (a finished client, the last log entries) while the
+            // other processes are there to take it.
+            local.block_on(&runtime, async {
+                for _ in 0..2000 {
+                    control.flush();
+                    if control.idle() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            });
+        }
         REALTIME_EPOCH.with(|epoch| epoch.set(None));
         result
+    }
+
+    /// A placed lab's start: binds the control socket and the host's node socket, waits until
+    /// every other process has bound its own, then until the common start. Returns the start on
+    /// this process's clock, or `None` if the others did not come within `duration`.
+    async fn prepare_placed(
+        &self,
+        control: &Rc<Control>,
+        placement: &Placement,
+        names: &[String],
+        duration: Duration,
+    ) -> Result<Option<tokio::time::Instant>, LabError> {
+        let now = tokio::time::Instant::now();
+        let start = match placement.start.duration_since(std::time::SystemTime::now()) {
+            Ok(ahead) => now + ahead,
+            Err(late) => now.checked_sub(late.duration()).unwrap_or(now),
+        };
+        let peers = names
+            .iter()
+            .filter(|name| **name != placement.host)
+            .cloned()
+            .collect();
+        control.bind(peers).map_err(|source| LabError::Control {
+            dir: placement.control_dir.clone(),
+            source,
+        })?;
+        tokio::task::spawn_local(control.clone().serve());
+        let address = self.node_address(&placement.host)?;
+        let seed = derive_seed(self.seed, &placement.host, u64::from(NODE_PORT));
+        let socket = LabSocket::bind_real(address, self.network.clone(), seed)
+            .await
+            .map_err(|source| LabError::Bind { address, source })?;
+        *self.prebound.borrow_mut() = Some(socket);
+        control.announce_ready();
+        while !control.all_ready() {
+            if start.elapsed() >= duration {
+                return Ok(None);
+            }
+            tokio::time::sleep(TICK).await;
+        }
+        tokio::time::sleep_until(start).await;
+        Ok(Some(start))
     }
 
     fn apply(&mut self, event: LabEvent) -> Result<(), LabError> {

@@ -297,18 +297,38 @@ impl ScenarioFile {
 }
 
 /// One case's measurements under one policy.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CaseResult {
     /// The case.
     pub case: String,
     /// The policy.
     pub policy: String,
-    /// Metric name to value.
+    /// Metric name to value (JSON writes a value that is not a number, such as a reconnect that
+    /// never happened, as `null`; it reads back as NaN).
+    #[serde(deserialize_with = "metrics_from_json")]
     pub metrics: BTreeMap<String, f64>,
 }
 
+impl CaseResult {
+    /// The result as one line of JSON (what `meshwire lab host` prints).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|error| format!("{{\"error\":\"{error}\"}}"))
+    }
+}
+
+fn metrics_from_json<'de, D>(deserializer: D) -> Result<BTreeMap<String, f64>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let metrics: BTreeMap<String, Option<f64>> = Deserialize::deserialize(deserializer)?;
+    Ok(metrics
+        .into_iter()
+        .map(|(name, value)| (name, value.unwrap_or(f64::NAN)))
+        .collect())
+}
+
 /// What `meshwire lab run --json` prints.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     /// Scenario name.
     pub scenario: String,
@@ -344,6 +364,46 @@ impl Report {
         }
     }
 
+    /// Reads a report as [`Report::to_json`] writes it.
+    pub fn from_json(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    /// Every metric of either report beside the same metric of the other, in this report's order
+    /// and then the other's rows this one lacks.
+    pub fn compare(&self, other: &Report) -> Vec<MetricComparison> {
+        let mut rows: Vec<MetricComparison> = Vec::new();
+        let mut add = |result: &CaseResult, from_base: bool| {
+            for (metric, value) in &result.metrics {
+                let position = rows.iter().position(|row| {
+                    row.case == result.case && row.policy == result.policy && row.metric == *metric
+                });
+                let index = position.unwrap_or_else(|| {
+                    rows.push(MetricComparison {
+                        case: result.case.clone(),
+                        policy: result.policy.clone(),
+                        metric: metric.clone(),
+                        base: None,
+                        other: None,
+                    });
+                    rows.len() - 1
+                });
+                if from_base {
+                    rows[index].base = Some(*value);
+                } else {
+                    rows[index].other = Some(*value);
+                }
+            }
+        };
+        for result in &self.results {
+            add(result, true);
+        }
+        for result in &other.results {
+            add(result, false);
+        }
+        rows
+    }
+
     /// The report as one line of JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|error| format!("{{\"error\":\"{error}\"}}"))
@@ -371,6 +431,41 @@ impl Report {
             }
         }
         out
+    }
+}
+
+/// One metric of two reports side by side ([`Report::compare`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricComparison {
+    /// The case.
+    pub case: String,
+    /// The policy.
+    pub policy: String,
+    /// The metric.
+    pub metric: String,
+    /// Its value in the first report, if it has the row.
+    pub base: Option<f64>,
+    /// Its value in the second report, if it has the row.
+    pub other: Option<f64>,
+}
+
+impl MetricComparison {
+    /// `other / base`: 1 when the two are equal (two zeros, or two NaNs: a thing that happened in
+    /// neither run), `None` when a report lacks the row.
+    pub fn ratio(&self) -> Option<f64> {
+        let (base, other) = (self.base?, self.other?);
+        if base == other || (base.is_nan() && other.is_nan()) {
+            Some(1.0)
+        } else {
+            Some(other / base)
+        }
+    }
+
+    /// Whether both reports have the metric and it differs by at most `tolerance` (a fraction of
+    /// the first report's value).
+    pub fn within(&self, tolerance: f64) -> bool {
+        self.ratio()
+            .is_some_and(|ratio| ratio.is_finite() && (ratio - 1.0).abs() <= tolerance)
     }
 }
 
@@ -461,6 +556,50 @@ rtt_ms = 90
             .contains("not both"));
         let loss = MINIMAL.replace("rate_mbit_per_s = 1000", "loss = 1.5");
         assert!(ScenarioFile::parse(&loss, "loss").is_err());
+    }
+
+    #[test]
+    fn reports_read_back_and_compare_metric_by_metric() {
+        let scenario = ScenarioFile::parse(MINIMAL, "inline").unwrap();
+        let result = |policy: &str, metrics: &[(&str, f64)]| CaseResult {
+            case: "rtt".into(),
+            policy: policy.into(),
+            metrics: metrics
+                .iter()
+                .map(|(name, value)| (name.to_string(), *value))
+                .collect(),
+        };
+        let mut base = Report::new(&scenario, 7);
+        base.results.push(result(
+            "meshwire",
+            &[("rtt_ms", 90.0), ("drops", 0.0), ("never_ms", f64::NAN)],
+        ));
+        base.results.push(result("grpc", &[("rtt_ms", 100.0)]));
+        // NaN travels as null and reads back as NaN.
+        let read = Report::from_json(&base.to_json()).unwrap();
+        assert!(read.results[0].metrics["never_ms"].is_nan());
+        assert_eq!(read.results[1], base.results[1]);
+
+        let mut other = Report::new(&scenario, 7);
+        other.results.push(result(
+            "meshwire",
+            &[("rtt_ms", 99.5), ("drops", 0.0), ("never_ms", f64::NAN)],
+        ));
+        let rows = base.compare(&other);
+        let row = |metric: &str, policy: &str| {
+            rows.iter()
+                .find(|row| row.metric == metric && row.policy == policy)
+                .unwrap()
+                .clone()
+        };
+        assert!(!row("rtt_ms", "meshwire").within(0.1));
+        assert!(row("rtt_ms", "meshwire").within(0.11));
+        assert_eq!(row("drops", "meshwire").ratio(), Some(1.0));
+        assert_eq!(row("never_ms", "meshwire").ratio(), Some(1.0));
+        // A row only one report has is listed, never "within".
+        assert_eq!(row("rtt_ms", "grpc").other, None);
+        assert!(!row("rtt_ms", "grpc").within(1.0));
+        assert_eq!(rows.len(), 4);
     }
 
     #[test]

@@ -16,6 +16,9 @@
 //! - [`Carrier::Loopback`]: real sockets with nothing in between. The sender emulates the egress
 //!   (uplink and link pacers, drop-tail queues) and the receiver the path: it drops i.i.d. losses
 //!   and holds every datagram for the link's latency plus jitter before quinn sees it.
+//! - [`Carrier::KernelRate`]: real sockets whose kernel serializes bit-rate links itself (`tc tbf`
+//!   on the veths between network namespaces, see `scripts/netns-lab.sh`). The sender paces only
+//!   packet-rate links and uplinks (tbf counts bytes); the receiver emulates the path as above.
 //!
 //! Jitter is a delay drawn per datagram, but a link keeps its order: a datagram never arrives
 //! before one sent earlier on the same link (it waits behind it, as in a FIFO queue whose delay
@@ -56,7 +59,7 @@ use tokio::io::Interest;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::link::{LinkSpec, Pacer};
+use crate::link::{LinkSpec, Pacer, Rate};
 
 mod real;
 
@@ -68,10 +71,7 @@ const RECEIVE_QUEUE: usize = 1 << 16;
 /// wake-up releases. The kernel caps it at `net.core.rmem_max` / `wmem_max` (4 MiB here) and
 /// doubles what it grants for its own bookkeeping; the default (208 KiB) dropped bursts.
 const REAL_SOCKET_BUFFER: usize = 8 << 20;
-/// Real-time stages release what is due within this much of now. tokio's timers fire on
-/// millisecond ticks, up to a tick after their deadline: waking half a tick early and releasing
-/// what is due within half a tick centres each stage's error on zero (±0.5 ms) instead of adding
-/// half a millisecond on average to every stage (four per round trip).
+/// A datagram due within this much of now goes out at once rather than through the egress task.
 const HALF_TICK: Duration = Duration::from_micros(500);
 /// Bytes one GSO send may carry (the kernel refuses a UDP datagram train above 64 KiB).
 const GSO_MAX_BYTES: usize = 65_000;
@@ -94,6 +94,9 @@ pub enum Carrier {
     /// Real UDP sockets with nothing in between: the sender paces and queues, the receiver
     /// delays, jitters and loses.
     Loopback,
+    /// Real UDP sockets whose kernel serializes bit-rate links (veth + `tc tbf`): the sender paces
+    /// only packet-rate links and uplinks, the receiver delays, jitters and loses.
+    KernelRate,
 }
 
 /// The emulated network's link table: a spec per directed link, a default, optional host uplinks.
@@ -181,7 +184,7 @@ impl Network {
     fn latency_in(&self, table: &Table, a: IpAddr, b: IpAddr) -> Duration {
         match self.carrier {
             Carrier::Turmoil => table.link(a, b).latency.min(table.link(b, a).latency),
-            Carrier::Loopback => Duration::ZERO,
+            Carrier::Loopback | Carrier::KernelRate => Duration::ZERO,
         }
     }
 
@@ -193,6 +196,12 @@ impl Network {
             blocked: table.blocked.contains(&(from, to)),
             transport_latency: self.latency_in(&table, from, to),
         }
+    }
+
+    /// Whether the sockets serialize `spec` themselves (the kernel does bit rates under
+    /// [`Carrier::KernelRate`]).
+    fn socket_paces(&self, spec: &LinkSpec) -> bool {
+        self.carrier != Carrier::KernelRate || matches!(spec.rate, Rate::PacketsPerSec(_))
     }
 
     /// Whether the receiver emulates the path (delay, jitter, loss): on real sockets.
@@ -382,7 +391,7 @@ impl LabSocket {
             }
             Transport::Real(socket) => {
                 // The receiver's own stream of loss and jitter draws.
-                let rng = SmallRng::seed_from_u64(seed ^ 0x005e_ed0f_1a7e_u64);
+                let rng = SmallRng::seed_from_u64(!seed);
                 tokio::spawn(Untracked::new(real_ingress(
                     socket.clone(),
                     local,
@@ -487,17 +496,21 @@ impl LabSocket {
             },
             None => now,
         };
-        let departs = match egress
-            .links
-            .entry(to.ip())
-            .or_default()
-            .admit(after_uplink, len, &spec)
-        {
-            Ok(done) => done,
-            Err(_) => {
-                self.stats.queue_drops.fetch_add(1, Ordering::Relaxed);
-                return Verdict::Dropped;
+        let departs = if self.network.socket_paces(&spec) {
+            match egress
+                .links
+                .entry(to.ip())
+                .or_default()
+                .admit(after_uplink, len, &spec)
+            {
+                Ok(done) => done,
+                Err(_) => {
+                    self.stats.queue_drops.fetch_add(1, Ordering::Relaxed);
+                    return Verdict::Dropped;
+                }
             }
+        } else {
+            after_uplink
         };
         // Lost after it took its place on the link, as on a wire: loss costs the link's rate.
         if path_on_send && spec.loss > 0.0 && egress.rng.random::<f64>() < spec.loss {
@@ -594,14 +607,6 @@ async fn simulated_egress(
                 }
             }
         }
-    }
-}
-
-/// Sleeps until half a tick before `at` (see [`HALF_TICK`]); forever without one.
-async fn sleep_until_near(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at.checked_sub(HALF_TICK).unwrap_or(at)).await,
-        None => std::future::pending().await,
     }
 }
 

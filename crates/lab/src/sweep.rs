@@ -320,6 +320,7 @@ impl Sweep {
                             seed: case_seed,
                             policy,
                             mode: Mode::Virtual,
+                            placement: None,
                         };
                         let mut tick = |elapsed: Duration| {
                             progress(&SweepProgress {

@@ -19,9 +19,9 @@ use serde::Deserialize;
 
 use super::{CongestionParam, Trial};
 use crate::lab::{clock, Lab, LabEvent};
+use crate::placement::SharedLog;
 use crate::scenario::{CaseFile, ScenarioError};
 use crate::stats::{round_metric, Metrics};
-use crate::Mode;
 
 const RAW_PORT: u16 = 9000;
 
@@ -129,6 +129,11 @@ impl Default for PartitionParams {
     }
 }
 
+/// Every case's hosts: `a` measures, `b` serves.
+pub fn hosts(_case: &CaseFile) -> Vec<String> {
+    vec!["a".into(), "b".into()]
+}
+
 /// Runs one calibration case and returns its metrics.
 pub fn run(
     trial: &Trial<'_>,
@@ -139,10 +144,7 @@ pub fn run(
         .link
         .spec()
         .map_err(|reason| ScenarioError::failed(case, reason))?;
-    let mut lab = match trial.mode {
-        Mode::Virtual => Lab::new(trial.seed, spec, case.duration() + Duration::from_secs(1)),
-        Mode::Realtime => Lab::realtime(trial.seed, spec),
-    };
+    let mut lab = trial.lab(spec);
     let metrics: Shared<Metrics> = Rc::default();
     match case.workload.as_str() {
         "rtt" => rtt(&mut lab, case, trial.params()?, metrics.clone())?,
@@ -248,7 +250,12 @@ fn bulk(
             config.transport.max_rtt = Duration::from_secs(1);
         }
     };
-    let received: Shared<(u64, Option<Duration>)> = Rc::default();
+    // What b received: each message's bytes and when.
+    let received: SharedLog<(u64, Duration)> = lab.shared_log("received");
+    let received_bytes = {
+        let received = received.clone();
+        move || -> u64 { received.entries().iter().map(|(bytes, _)| bytes).sum() }
+    };
     let expected = (total_mib + warmup_mib) << 20;
     {
         let received = received.clone();
@@ -260,9 +267,7 @@ fn bulk(
                 let (node, _) = context.start_node(config).await?;
                 let mut inbox = node.subscribe(DATA)?;
                 while let Some(message) = inbox.recv().await {
-                    let mut state = received.borrow_mut();
-                    state.0 += message.payload.len() as u64;
-                    state.1 = Some(clock());
+                    received.push((message.payload.len() as u64, clock()));
                 }
                 Ok(())
             }
@@ -278,17 +283,17 @@ fn bulk(
         for _ in 0..warmup_mib {
             node.send(b_id, DATA, chunk.clone()).await?;
         }
-        while received.borrow().0 < warmup_mib << 20 {
+        while received_bytes() < warmup_mib << 20 {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let started = clock();
         for _ in 0..total_mib {
             node.send(b_id, DATA, chunk.clone()).await?;
         }
-        while received.borrow().0 < expected {
+        while received_bytes() < expected {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let finished = received.borrow().1.unwrap_or(started);
+        let finished = received.entries().last().map_or(started, |(_, at)| *at);
         let seconds = (finished - started).as_secs_f64();
         let bits = (total_mib << 20) as f64 * 8.0;
         let mut metrics = metrics.borrow_mut();
@@ -329,10 +334,10 @@ fn packet_rate(
         seconds,
         offered_packets_per_s: offered,
     } = params;
-    let arrivals: Shared<Vec<Duration>> = Rc::default();
+    let arrivals: SharedLog<Duration> = lab.shared_log("arrivals");
     {
         let arrivals = arrivals.clone();
-        raw_receiver(lab, move || arrivals.borrow_mut().push(clock()));
+        raw_receiver(lab, move || arrivals.push(clock()));
     }
     let b = std::net::SocketAddr::new(
         lab.ip("b")
@@ -356,7 +361,7 @@ fn packet_rate(
         }
         // Let the queue drain, then measure the steady middle: skip the first and last second.
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let arrivals = arrivals.borrow();
+        let arrivals = arrivals.entries();
         let from = started + Duration::from_secs(1);
         let to = started + Duration::from_secs(seconds.saturating_sub(1).max(2));
         let counted = arrivals
@@ -383,10 +388,10 @@ fn loss(
         datagrams,
         datagrams_per_ms: per_ms,
     } = params;
-    let received: Shared<u64> = Rc::default();
+    let received: SharedLog<()> = lab.shared_log("received");
     {
         let received = received.clone();
-        raw_receiver(lab, move || *received.borrow_mut() += 1);
+        raw_receiver(lab, move || received.push(()));
     }
     let b = std::net::SocketAddr::new(
         lab.ip("b")
@@ -405,7 +410,7 @@ fn loss(
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let arrived = *received.borrow();
+        let arrived = received.len();
         metrics
             .borrow_mut()
             .insert("loss_ratio".into(), 1.0 - arrived as f64 / sent as f64);
@@ -429,7 +434,7 @@ fn partition(
     let cut_for = Duration::from_millis(params.partition_ms);
     let run_for = Duration::from_millis(params.run_ms);
     let latency = Duration::from_millis(case.link.latency_ms);
-    let arrivals: Shared<Vec<Duration>> = Rc::default();
+    let arrivals: SharedLog<Duration> = lab.shared_log("arrivals");
     {
         let arrivals = arrivals.clone();
         lab.host("b", move |context| {
@@ -438,7 +443,7 @@ fn partition(
                 let (node, _) = context.start_node(context.node_config()).await?;
                 let mut inbox = node.subscribe(DATA)?;
                 while inbox.recv().await.is_some() {
-                    arrivals.borrow_mut().push(clock());
+                    arrivals.push(clock());
                 }
                 Ok(())
             }
@@ -457,7 +462,7 @@ fn partition(
         // Events are scheduled on the same simulation clock.
         let cut = cut_at;
         let repair = cut + cut_for;
-        let arrivals = arrivals.borrow();
+        let arrivals = arrivals.entries();
         let during = arrivals
             .iter()
             .filter(|at| **at >= cut + latency && **at < repair)

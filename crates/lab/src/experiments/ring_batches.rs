@@ -35,20 +35,20 @@ pub fn run(
     trial: &Trial<'_>,
     progress: &mut dyn FnMut(Duration),
 ) -> Result<Metrics, ScenarioError> {
-    let (case, seed) = (trial.case, trial.seed);
     let params: Params = trial.params()?;
+    let case = trial.case;
     let link = case
         .link
         .spec()
         .map_err(|reason| ScenarioError::failed(case, reason))?;
     let mut metrics = match trial.policy {
-        "meshwire" => pipeline::run(case, seed, &params, 1, progress)?,
+        "meshwire" => pipeline::run(trial, &params, 1, progress)?,
         "meshwire-pipelined" => {
-            pipeline::run(case, seed, &params, params.pipelined_k as usize, progress)?
+            pipeline::run(trial, &params, params.pipelined_k as usize, progress)?
         }
         #[cfg(feature = "baselines")]
         other => match grpc::Baseline::from_policy(other) {
-            Some(baseline) => grpc::run(case, seed, &params, baseline, progress)?,
+            Some(baseline) => grpc::run(case, trial.seed, &params, baseline, progress)?,
             None => return Err(unknown_policy(trial)),
         },
         #[cfg(not(feature = "baselines"))]
@@ -59,6 +59,14 @@ pub fn run(
         round_metric(workload::hop_floor_ms(&link, &params)),
     );
     Ok(metrics)
+}
+
+/// A case's hosts: `n0` (it measures) to `n{nodes-1}`.
+pub fn hosts(case: &crate::scenario::CaseFile) -> Vec<String> {
+    let nodes = case
+        .params::<Params>()
+        .map_or(Params::default().nodes, |params| params.nodes);
+    (0..nodes).map(|index| format!("n{index}")).collect()
 }
 
 fn unknown_policy(trial: &Trial<'_>) -> ScenarioError {

@@ -23,8 +23,10 @@ use meshwire::{BatchHeader, Chunk, Congestion, Node, NodeConfig, PeerId};
 
 use super::workload::{team_batch, team_metrics, Params, Workload};
 use crate::experiments::CongestionParam;
+use crate::experiments::Trial;
 use crate::lab::{clock, HostContext, Lab};
-use crate::scenario::{CaseFile, ScenarioError};
+use crate::placement::SharedLog;
+use crate::scenario::ScenarioError;
 use crate::stats::Metrics;
 
 /// How a lab ring is built.
@@ -86,7 +88,7 @@ impl Team {
                         let mut inbox = node.subscribe_batches(HOP)?;
                         while let Some(batch) = inbox.recv().await {
                             if batch.collect().await.is_ok() {
-                                log.borrow_mut().push(clock());
+                                log.push(clock());
                             }
                         }
                     }
@@ -158,7 +160,7 @@ impl Team {
 /// Node addresses by host name.
 pub type Addresses = Rc<RefCell<HashMap<String, SocketAddr>>>;
 /// When `n1` received each hop-measurement batch whole.
-pub type HopLog = Rc<RefCell<Vec<Duration>>>;
+pub type HopLog = SharedLog<Duration>;
 
 /// The team's transform: one batch-wide compute step per node, then every byte plus one.
 pub fn team_transform(compute_per_batch: Duration) -> Transform {
@@ -194,12 +196,12 @@ pub fn team_transform(compute_per_batch: Duration) -> Transform {
 
 /// Runs one case on meshwire pipelines with `in_flight` batches in flight.
 pub fn run(
-    case: &CaseFile,
-    seed: u64,
+    trial: &Trial<'_>,
     params: &Params,
     in_flight: usize,
     progress: &mut dyn FnMut(Duration),
 ) -> Result<Metrics, ScenarioError> {
+    let case = trial.case;
     let Workload {
         nodes,
         slots,
@@ -230,8 +232,8 @@ pub fn run(
         .link
         .spec()
         .map_err(|reason| ScenarioError::failed(case, reason))?;
-    let mut lab = Lab::new(seed, spec, case.duration() + Duration::from_secs(1));
-    let hops: HopLog = Rc::default();
+    let mut lab = trial.lab(spec);
+    let hops: HopLog = lab.shared_log("hops");
     let (ring, addresses) = team.add_relays(&mut lab, Some(hops.clone()));
     let metrics: Rc<RefCell<Metrics>> = Rc::default();
     {
@@ -257,13 +259,13 @@ pub fn run(
                     total_bytes: (slots as usize * payload_bytes) as u64,
                     metadata: Bytes::new(),
                 };
-                let before = hops.borrow().len();
+                let before = hops.len();
                 let started = clock();
                 node.send_batch(ring[1], header, input.chunks).await?;
-                while hops.borrow().len() == before {
+                while hops.len() == before {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                let arrived = hops.borrow()[before];
+                let arrived = hops.entries()[before];
                 if sample > 0 {
                     hop_ms.push((arrived - started).as_secs_f64() * 1e3);
                 }
