@@ -87,6 +87,14 @@ impl TransportSettings {
         bytes.clamp(64 * 1024, u128::from(u32::MAX)) as u64
     }
 
+    /// Kernel UDP buffer a real socket asks for in each direction: the bandwidth-delay product,
+    /// at least 1 MiB and at most 256 MiB. The kernel may grant less (`net.core.rmem_max` /
+    /// `wmem_max`); the node then warns and runs with what it got (see [`crate::SocketBuffers`]).
+    pub fn socket_buffer_bytes(&self) -> usize {
+        let bdp = usize::try_from(self.bdp_bytes()).unwrap_or(usize::MAX);
+        bdp.clamp(1 << 20, 256 << 20)
+    }
+
     pub(crate) fn to_quinn(&self) -> Result<quinn::TransportConfig, ConfigError> {
         let bdp = self.bdp_bytes();
         let varint = |value: u64| {

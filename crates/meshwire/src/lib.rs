@@ -32,6 +32,7 @@ mod node;
 pub mod pipeline;
 pub mod protocols;
 pub mod tls;
+mod udp;
 
 pub use config::{ConfigError, Congestion, NodeConfig, QueueLimits, TransportSettings};
 pub use datagram::{DatagramError, InboundDatagram};
@@ -48,3 +49,4 @@ pub use node::{
     CLOSE_DUPLICATE, CLOSE_PROTOCOL_VIOLATION, CLOSE_SHUTDOWN, RESET_BATCH_ABANDONED,
     STOP_BATCH_DISCARDED, STOP_BATCH_MALFORMED, STOP_BATCH_NO_SUBSCRIBER,
 };
+pub use udp::SocketBuffers;

@@ -6,6 +6,12 @@
 
 use std::sync::Mutex;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+
+use crate::udp::SocketBuffers;
+
 use meshwire_proto::PeerId;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -181,6 +187,36 @@ impl Metrics {
             .clone()
     }
 
+    /// Registers the real UDP socket bound at `local`: the kernel buffers it was granted
+    /// (`meshwire_udp_receive_buffer_bytes`, `meshwire_udp_send_buffer_bytes`, and what was asked,
+    /// `meshwire_udp_requested_buffer_bytes`) and, where the platform reports them, the datagrams
+    /// its kernel dropped on receive (`meshwire_udp_receive_drops_total`, read at each scrape).
+    pub(crate) fn register_udp(&self, local: std::net::SocketAddr, buffers: SocketBuffers) {
+        let gauge = |bytes: usize| {
+            let gauge: Gauge = Gauge::default();
+            gauge.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            gauge
+        };
+        self.register_with(|registry| {
+            registry.register(
+                "udp_requested_buffer_bytes",
+                "Kernel UDP buffer asked for in each direction (from the bandwidth-delay product)",
+                gauge(buffers.requested),
+            );
+            registry.register(
+                "udp_receive_buffer_bytes",
+                "Kernel UDP receive buffer granted (capped by net.core.rmem_max)",
+                gauge(buffers.receive),
+            );
+            registry.register(
+                "udp_send_buffer_bytes",
+                "Kernel UDP send buffer granted (capped by net.core.wmem_max)",
+                gauge(buffers.send),
+            );
+            registry.register_collector(Box::new(KernelDrops { local }));
+        });
+    }
+
     /// Current value of `meshwire_dropped_total{reason}` (for tests and status pages).
     pub fn dropped_count(&self, reason: &'static str) -> u64 {
         self.dropped.get_or_create(&ReasonLabel { reason }).get()
@@ -201,5 +237,28 @@ impl Metrics {
     /// Current value of `meshwire_handshakes_refused_total`.
     pub fn handshakes_refused_count(&self) -> u64 {
         self.handshakes_refused.get()
+    }
+}
+
+/// The kernel's receive drops of the node's UDP socket, read from the kernel at each scrape (the
+/// kernel is the only writer, so the figure cannot race).
+#[derive(Debug)]
+struct KernelDrops {
+    local: std::net::SocketAddr,
+}
+
+impl Collector for KernelDrops {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        if let Some(drops) = crate::udp::kernel_receive_drops(self.local) {
+            let counter = ConstCounter::new(drops);
+            let metric = encoder.encode_descriptor(
+                "udp_receive_drops",
+                "Datagrams the kernel dropped on receive for the node's socket (a full buffer)",
+                None,
+                counter.metric_type(),
+            )?;
+            counter.encode(metric)?;
+        }
+        Ok(())
     }
 }

@@ -190,6 +190,8 @@ struct Inner {
     rng: Mutex<SmallRng>,
     batches: batch::BatchService,
     datagrams: Arc<DatagramInbox>,
+    /// The kernel buffers of the node's real UDP socket (unset on a lab socket).
+    socket_buffers: std::sync::OnceLock<crate::SocketBuffers>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -210,10 +212,32 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 
 impl Node {
     /// Starts a node on a real UDP socket bound to `address`. Must run inside a tokio runtime.
+    ///
+    /// The socket's kernel buffers are sized from the configured bandwidth-delay product
+    /// ([`TransportSettings::socket_buffer_bytes`](crate::TransportSettings::socket_buffer_bytes));
+    /// a kernel that grants less is warned about, not fatal ([`Node::socket_buffers`]).
     pub fn bind(config: NodeConfig, address: SocketAddr) -> Result<Self, NodeError> {
-        let socket = std::net::UdpSocket::bind(address)?;
+        let (socket, buffers) = crate::udp::bind(address, config.transport.socket_buffer_bytes())?;
+        let local = socket.local_addr()?;
         let socket = quinn::Runtime::wrap_udp_socket(&quinn::TokioRuntime, socket)?;
-        Self::with_socket(config, socket)
+        tracing::debug!(
+            %local,
+            receive_buffer = buffers.receive,
+            send_buffer = buffers.send,
+            gso_segments = socket.max_transmit_segments(),
+            gro_segments = socket.max_receive_segments(),
+            "udp socket"
+        );
+        let node = Self::with_socket(config, socket)?;
+        node.inner.metrics.register_udp(local, buffers);
+        let _ = node.inner.socket_buffers.set(buffers);
+        Ok(node)
+    }
+
+    /// The kernel buffers of the node's UDP socket: asked for and granted. `None` for a node on
+    /// a socket it did not bind itself ([`Node::with_socket`]).
+    pub fn socket_buffers(&self) -> Option<crate::SocketBuffers> {
+        self.inner.socket_buffers.get().copied()
     }
 
     /// Starts a node on any quinn socket: a real one, or the lab's emulated one. Must run inside a
@@ -286,6 +310,7 @@ impl Node {
             rng: Mutex::new(rng),
             batches,
             datagrams: Arc::default(),
+            socket_buffers: std::sync::OnceLock::new(),
             config,
         });
         tokio::spawn(inner.clone().accept_loop());

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use meshwire::{
-    ConnectionEvent, DialError, Direction, HandlerError, Node, ProtocolId, QueueLimits,
-    RequestError, SendError,
+    ConnectionEvent, DialError, Direction, HandlerError, Keypair, Node, NodeConfig, ProtocolId,
+    QueueLimits, RequestError, SendError,
 };
 use support::*;
 
@@ -337,5 +337,34 @@ async fn simultaneous_dials_settle_on_one_connection() {
         assert!(smaller_dialed);
         assert!(a.metrics().encode_text().contains("meshwire_connections 1"));
         assert!(b.metrics().encode_text().contains("meshwire_connections 1"));
+    }
+}
+
+/// A node asking for more kernel buffer than the kernel allows still starts, says what it got,
+/// and exports both figures.
+#[tokio::test]
+async fn capped_socket_buffers_are_reported_not_fatal() {
+    let mut config = NodeConfig::new(Keypair::generate());
+    // 100 Gbit/s x 200 ms: 2.5 GB of bandwidth-delay product, asked for as 256 MiB per direction.
+    config.transport.bandwidth_bits_per_sec = 100_000_000_000;
+    let node = Node::bind(config, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let buffers = node
+        .socket_buffers()
+        .expect("a bound node knows its buffers");
+    assert_eq!(buffers.requested, 256 << 20);
+    assert!(buffers.receive > 0 && buffers.send > 0);
+    let text = node.metrics().encode_text();
+    assert!(
+        text.contains(&format!(
+            "meshwire_udp_receive_buffer_bytes {}",
+            buffers.receive
+        )),
+        "{text}"
+    );
+    if cfg!(target_os = "linux") {
+        assert!(
+            text.contains("meshwire_udp_receive_drops_total 0"),
+            "{text}"
+        );
     }
 }
