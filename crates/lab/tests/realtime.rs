@@ -41,7 +41,10 @@ async fn real_sockets_get_the_emulated_delay_and_survive_its_loss() {
         .await
         .unwrap();
 
-    // Each round trip crosses the 20 ms link twice: it cannot be shorter than 40 ms.
+    // Each round trip crosses the 20 ms link twice, 40 ms. A receiving delay line wakes ahead of its
+    // next datagram and releases what is due within its lead (at most 2 ms, steered so datagrams
+    // leave on time on average), so a datagram may come out up to 2 ms early at each end; loopback
+    // alone takes well under a millisecond.
     for _ in 0..5 {
         let started = tokio::time::Instant::now();
         a.request(
@@ -53,7 +56,7 @@ async fn real_sockets_get_the_emulated_delay_and_survive_its_loss() {
         .await
         .unwrap();
         assert!(
-            started.elapsed() >= Duration::from_millis(40),
+            started.elapsed() >= Duration::from_millis(36),
             "{:?}",
             started.elapsed()
         );

@@ -174,28 +174,26 @@
 //!   or out-of-window session packet a `SessionHostError::Session(..)`; both are counted
 //!   (`HostStats::malformed`, `SessionStats::rejected`) and dropped, and the connection stays up
 //!   (datagrams are unreliable anyway; a peer cannot make a node panic or buffer more).
-//! - **quinn's congestion control sits underneath.** Datagrams are congestion-controlled by quinn.
-//!   Measured in `scenarios/session-quic.toml` (8 MiB, 1024 pkt/s @ 50 ms paths, seed 1):
+//! - **quinn's congestion control sits underneath.** Datagrams are congestion-controlled by quinn,
+//!   with the node's controller: BBR by default (`meshwire::Congestion`), CUBIC in the `-cubic`
+//!   rows. Measured in `scenarios/session-quic.toml` (8 MiB, 1024 pkt/s @ 50 ms paths, seed 1;
+//!   efficiency against the latency-aware ideal):
 //!
-//!   | case | CUBIC (default) | BBR |
+//!   | case | BBR (default) | CUBIC |
 //!   |---|---|---|
-//!   | one direct path | 0.960 MB/s (eff. 0.96) | — |
-//!   | direct + relay | 1.819 MB/s (0.91), 3634 datagrams refused by a full buffer | 1.967 MB/s (0.98), none refused |
-//!   | direct + 128 pkt/s @ 500 ms relay | 0.850 MB/s (0.76), 8399 refused | — |
-//!   | direct, loss 0.01 | 0.142 MB/s (0.14) | 0.992 MB/s (1.00) |
-//!   | loss 0.01 + relay loss 0.1 | 0.180 MB/s (0.10) | 1.911 MB/s (1.01) |
-//!
-//!   (Efficiency is against the nominal loss; the BBR lossy rows sit slightly above 1.0, which we have
-//!   not traced to the realised loss of the run's draws or elsewhere.) With the tail copies and loss
-//!   estimates the BBR row with a 10 %-loss relay went from 0.58 to 1.01; the CUBIC slow-relay row went
-//!   from 0.83 to 0.76 (a 128-packet first burst meets quinn's congestion window and the datagram
-//!   buffer refuses more: 0.79 with a 64-packet burst).
+//!   | one direct path | 0.992 MB/s (eff. 1.00) | — |
+//!   | direct + relay | 1.967 MB/s (1.00) | 1.808 MB/s (0.92) |
+//!   | direct + 128 pkt/s @ 500 ms relay | 1.014 MB/s (0.91) | — |
+//!   | direct, loss 0.01 | 0.982 MB/s (1.00) | 0.142 MB/s (0.14) |
+//!   | loss 0.01 + relay loss 0.1 | 1.815 MB/s (0.97) | 0.186 MB/s (0.10) |
+//!   | direct + 3 relays (512 @ 20 ms, 1024 @ 100 ms, 128 @ 500 ms) | 0.669 MB/s (0.26), 14 326 refused by a full buffer | — |
 //!
 //!   On lossy paths CUBIC reads random loss as congestion and holds the connection near the Mathis
 //!   limit (≈ 1.2 × MSS / (RTT √p) ≈ 0.13 MB/s at 100 ms and 1 %), whatever the session's window; the
-//!   session then only sees a slow path. Nodes that carry sessions over lossy or relayed paths should
-//!   run `Congestion::Bbr`. Known gap: with CUBIC a slow second path adds little and can cost
-//!   (quinn's window, not the session's, governs; refusals at the full buffer are resent elsewhere).
+//!   session then only sees a slow path. That is why BBR is the node's default. Known gaps: with
+//!   three relays of mixed latency the session fills quinn's 1 MiB datagram buffer and efficiency
+//!   falls to 0.26; with CUBIC a slow second path adds little and can cost (quinn's window, not
+//!   the session's, governs; refusals at the full buffer are resent elsewhere).
 //!   The accepting end keeps probing a path the other end removed until it times out; there is no
 //!   explicit path-close message.
 //!

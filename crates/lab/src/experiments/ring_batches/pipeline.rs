@@ -223,7 +223,7 @@ pub fn run(
             bytes => Some(bytes),
         },
         tune: match params.congestion {
-            CongestionParam::Cubic => |_| {},
+            CongestionParam::Cubic => |config| config.transport.congestion = Congestion::Cubic,
             CongestionParam::Bbr => |config| config.transport.congestion = Congestion::Bbr,
             CongestionParam::NewReno => |config| config.transport.congestion = Congestion::NewReno,
         },
