@@ -265,7 +265,7 @@ mod tests {
             &path,
             format!(
                 "listen = \"127.0.0.1:7000\"\npeers = [\"{id}@127.0.0.1:7001\"]\n\
-                 allowlist = [\"{id}\"]\n[transport]\ncongestion = \"cubic\"\nmax_rtt_ms = 50\n\
+                 allowlist = [\"{id}\"]\n[transport]\ncongestion = \"bbr\"\nmax_rtt_ms = 50\n\
                  initial_window_kib = 64\n"
             ),
         )
@@ -277,7 +277,7 @@ mod tests {
         assert_eq!(settings.peers.len(), 1);
         let mut config = NodeConfig::new(meshwire::Keypair::from_seed([1; 32]));
         settings.apply(&mut config);
-        assert_eq!(config.transport.congestion, Congestion::Cubic);
+        assert_eq!(config.transport.congestion, Congestion::Bbr);
         assert_eq!(config.transport.max_rtt, Duration::from_millis(50));
         assert_eq!(config.transport.initial_window_bytes, Some(64 * 1024));
         assert!(config.allowlist.unwrap().contains(&id));

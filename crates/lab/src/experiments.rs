@@ -436,9 +436,9 @@ pub fn kinds() -> Vec<&'static str> {
 #[serde(rename_all = "lowercase")]
 pub enum CongestionParam {
     /// CUBIC, quinn's default.
-    Cubic,
-    /// BBR, meshwire's default.
     #[default]
+    Cubic,
+    /// BBR.
     Bbr,
     /// NewReno.
     NewReno,

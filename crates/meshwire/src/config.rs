@@ -14,14 +14,14 @@ use crate::identity::Keypair;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Congestion {
-    /// CUBIC (RFC 9438), quinn's default. Reads every loss as congestion: at 1% random loss on an
-    /// 80 ms path its window settles near the Mathis bound (a 4 Mbit batch took 4.5 s in the lab,
-    /// against an 84 ms floor).
-    Cubic,
-    /// BBR (quinn's implementation, modelled on BBRv1): paces at its estimate of the bottleneck
-    /// rate and sizes the window from that rate and the minimum RTT, so random loss does not
-    /// shrink it. meshwire's default; see `docs/node.md` for the measurements behind the choice.
+    /// CUBIC (RFC 9438), quinn's default and meshwire's. Shares a bottleneck fairly, but reads
+    /// every loss as congestion: at 1% random loss on an 80 ms path a 4 Mbit batch took 4.5 s in
+    /// the lab (floor 84 ms). See `docs/node.md`, Congestion controller.
     #[default]
+    Cubic,
+    /// BBR (quinn's experimental BBRv1-like implementation): holds its rate through random loss,
+    /// but in the lab it overflows drop-tail queues continuously and starves a CUBIC flow sharing
+    /// the bottleneck (under 1% of an equal share). For dedicated, lossy paths only.
     Bbr,
     /// NewReno (RFC 9002).
     NewReno,
@@ -73,7 +73,7 @@ impl Default for TransportSettings {
             max_rtt: Duration::from_millis(200),
             keep_alive: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(20),
-            congestion: Congestion::Bbr,
+            congestion: Congestion::Cubic,
             initial_window_bytes: None,
             initial_mtu: 1200,
             mtu_discovery: true,

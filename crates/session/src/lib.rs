@@ -174,26 +174,28 @@
 //!   or out-of-window session packet a `SessionHostError::Session(..)`; both are counted
 //!   (`HostStats::malformed`, `SessionStats::rejected`) and dropped, and the connection stays up
 //!   (datagrams are unreliable anyway; a peer cannot make a node panic or buffer more).
-//! - **quinn's congestion control sits underneath.** Datagrams are congestion-controlled by quinn,
-//!   with the node's controller: BBR by default (`meshwire::Congestion`), CUBIC in the `-cubic`
-//!   rows. Measured in `scenarios/session-quic.toml` (8 MiB, 1024 pkt/s @ 50 ms paths, seed 1;
-//!   efficiency against the latency-aware ideal):
+//! - **quinn's congestion control sits underneath.** Datagrams are congestion-controlled by quinn.
+//!   Measured in `scenarios/session-quic.toml` (8 MiB, 1024 pkt/s @ 50 ms paths, seed 1):
 //!
-//!   | case | BBR (default) | CUBIC |
+//!   | case | CUBIC (default) | BBR |
 //!   |---|---|---|
-//!   | one direct path | 0.992 MB/s (eff. 1.00) | — |
-//!   | direct + relay | 1.967 MB/s (1.00) | 1.808 MB/s (0.92) |
-//!   | direct + 128 pkt/s @ 500 ms relay | 1.014 MB/s (0.91) | — |
-//!   | direct, loss 0.01 | 0.982 MB/s (1.00) | 0.142 MB/s (0.14) |
-//!   | loss 0.01 + relay loss 0.1 | 1.815 MB/s (0.97) | 0.186 MB/s (0.10) |
-//!   | direct + 3 relays (512 @ 20 ms, 1024 @ 100 ms, 128 @ 500 ms) | 0.669 MB/s (0.26), 14 326 refused by a full buffer | — |
+//!   | one direct path | 0.953 MB/s (eff. 0.96) | 0.992 MB/s (1.00) |
+//!   | direct + relay | 1.808 MB/s (0.92) | 1.967 MB/s (1.00) |
+//!   | direct + 128 pkt/s @ 500 ms relay | 0.79 eff. | 1.014 MB/s (0.91) |
+//!   | direct, loss 0.01 | 0.142 MB/s (0.14) | 0.982 MB/s (1.00) |
+//!   | loss 0.01 + relay loss 0.1 | 0.186 MB/s (0.10) | 1.815 MB/s (0.97) |
+//!
+//!   (Efficiency against the latency-aware ideal, seed 1, release build, measured with each
+//!   controller as the node's; BBR's lossy rows no longer exceed 1.0 since the lab draws loss
+//!   after serialization, so a lost datagram costs its link time.) BBR is not the default because
+//!   quinn's implementation overflows drop-tail queues and starves CUBIC flows sharing a
+//!   bottleneck (`scenarios/fairness.toml`, `docs/node.md`).
 //!
 //!   On lossy paths CUBIC reads random loss as congestion and holds the connection near the Mathis
 //!   limit (≈ 1.2 × MSS / (RTT √p) ≈ 0.13 MB/s at 100 ms and 1 %), whatever the session's window; the
-//!   session then only sees a slow path. That is why BBR is the node's default. Known gaps: with
-//!   three relays of mixed latency the session fills quinn's 1 MiB datagram buffer and efficiency
-//!   falls to 0.26; with CUBIC a slow second path adds little and can cost (quinn's window, not
-//!   the session's, governs; refusals at the full buffer are resent elsewhere).
+//!   session then only sees a slow path. Nodes that carry sessions over lossy or relayed paths should
+//!   run `Congestion::Bbr`. Known gap: with CUBIC a slow second path adds little and can cost
+//!   (quinn's window, not the session's, governs; refusals at the full buffer are resent elsewhere).
 //!   The accepting end keeps probing a path the other end removed until it times out; there is no
 //!   explicit path-close message.
 //!
