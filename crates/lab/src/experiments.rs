@@ -6,6 +6,7 @@
 //! `meshwire lab list` prints it.
 
 pub mod calibration;
+pub mod fairness;
 pub mod fanout;
 pub mod gossip;
 pub mod lab_cost;
@@ -291,6 +292,19 @@ pub const EXPERIMENTS: &[Experiment] = &[
         run: calibration::run,
     },
     Experiment {
+        kind: "fairness",
+        description: "two meshwire flows through one bottleneck: their shares and its use",
+        policies: &["meshwire"],
+        workloads: &[Workload::with::<fairness::Params>(
+            "shared-bottleneck",
+            "1 MiB messages from a1 and a2 to c through c's downlink",
+        )],
+        realtime: None,
+        floors: &[],
+        requires: &[],
+        run: fairness::run,
+    },
+    Experiment {
         kind: "fanout",
         description: "one message to many peers: encode once vs once per destination",
         policies: &["meshwire", "naive"],
@@ -440,7 +454,8 @@ pub enum CongestionParam {
     Cubic,
     /// BBR.
     Bbr,
-    /// NewReno.
+    /// NewReno (also spelt `new-reno`).
+    #[serde(alias = "new-reno")]
     NewReno,
 }
 

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::link::{LinkSpec, Rate};
 use crate::placement::{Control, Placement, SharedLog};
-use crate::socket::{Carrier, LabSocket, Network, SocketStats};
+use crate::socket::{Carrier, DownlinkStats, LabSocket, Network, SocketStats};
 
 /// UDP port every lab node listens on.
 pub const NODE_PORT: u16 = 7000;
@@ -247,7 +247,23 @@ impl Lab {
     /// A lab in virtual time whose links follow `default` until set otherwise, running at most
     /// `limit` of virtual time.
     pub fn new(seed: u64, default: LinkSpec, limit: Duration) -> Self {
-        let sim = turmoil::Builder::new()
+        Self::simulated(seed, default, limit, false)
+    }
+
+    /// [`Lab::new`], but in every tick turmoil runs the hosts in a random order drawn from the
+    /// seed rather than in the order they were added. Hosts sending to a shared downlink need it
+    /// ([`Lab::downlink`]): what they send in one tick reaches the queue host by host, so in a
+    /// fixed order the first host would always find the free space.
+    pub fn new_random_order(seed: u64, default: LinkSpec, limit: Duration) -> Self {
+        Self::simulated(seed, default, limit, true)
+    }
+
+    fn simulated(seed: u64, default: LinkSpec, limit: Duration, random_order: bool) -> Self {
+        let mut builder = turmoil::Builder::new();
+        if random_order {
+            builder.enable_random_order();
+        }
+        let sim = builder
             .tick_duration(TICK)
             .simulation_duration(limit)
             .min_message_latency(Duration::ZERO)
@@ -500,6 +516,36 @@ impl Lab {
         let ip = self.ip(name)?;
         self.network.set_uplink(ip, spec);
         Ok(())
+    }
+
+    /// Gives host `name` a downlink that all traffic to it passes, from whichever host, after the
+    /// sender's link: one rate and drop-tail queue (`spec`'s latency, jitter and loss do not
+    /// apply), so senders to `name` share a bottleneck. Admission is in send order, at the time a
+    /// datagram leaves its sender's link, before propagation: exact when the senders' latencies to
+    /// `name` are equal (see [`crate::socket`]). Virtual-time labs whose senders share a downlink
+    /// should be built with [`Lab::new_random_order`]. A lab placed across processes refuses it
+    /// ([`LabError::Unsupported`]): the queue is shared by senders in other processes.
+    pub fn downlink(&mut self, name: &str, spec: LinkSpec) -> Result<(), LabError> {
+        if matches!(
+            self.backend,
+            Backend::Realtime {
+                placed: Some(_),
+                ..
+            }
+        ) {
+            return Err(LabError::Unsupported(format!(
+                "a downlink of {name}: its queue is shared by senders that a placed lab runs in \
+                 other processes"
+            )));
+        }
+        let ip = self.ip(name)?;
+        self.network.set_downlink(ip, spec);
+        Ok(())
+    }
+
+    /// What the downlink of host `name` has done so far; `None` if it has none.
+    pub fn downlink_stats(&self, name: &str) -> Result<Option<DownlinkStats>, LabError> {
+        Ok(self.network.downlink_stats(self.ip(name)?))
     }
 
     /// Schedules `event` at time `at` from the start of the run.

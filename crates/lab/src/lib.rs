@@ -42,7 +42,7 @@ pub use lab::{HostContext, Lab, LabError, LabEvent};
 pub use link::{LinkSpec, Rate};
 pub use placement::{Placement, SharedLog};
 pub use scenario::{CaseResult, MetricComparison, Report, ScenarioError, ScenarioFile};
-pub use socket::{Carrier, LabSocket, Network, SocketStats};
+pub use socket::{Carrier, DownlinkStats, LabSocket, Network, SocketStats};
 pub use sweep::{Sweep, SweepError, SweepReport};
 
 /// How to run a scenario.

@@ -20,6 +20,22 @@
 //!   on the veths between network namespaces, see `scripts/netns-lab.sh`). The sender paces only
 //!   packet-rate links and uplinks (tbf counts bytes); the receiver emulates the path as above.
 //!
+//! A host may also have a **downlink** ([`Network::set_downlink`]): one rate and drop-tail queue
+//! that every datagram *to* it passes, whichever host sent it, so senders to one receiver share a
+//! bottleneck. It lives in the shared [`Network`], keyed by the receiver's address, and the send
+//! path applies it after the sender's link (and, over turmoil, after the link's loss: a datagram
+//! lost on the way never reaches the receiver's queue), before the propagation delay. This is an
+//! approximation: a datagram is admitted when the sender sends it, at the time it leaves the
+//! sender's link, in send order, rather than when it arrives at the receiver's end of the path.
+//! It is exact when every sender's latency to the receiver is the same (the arrivals are then the
+//! departures shifted by one constant); with unequal latencies the queue sees the datagrams in the
+//! wrong order. Over turmoil the hosts run one after another in each 1 ms tick, so what two hosts
+//! send in the same tick reaches the queue host by host: a lab whose senders share a downlink should
+//! shuffle that order ([`crate::Lab::new_random_order`]), or the host that runs first always finds
+//! the free space. The queue keeps the lab's clock ([`crate::lab::clock`]) because each turmoil
+//! host's tokio clock has its own origin. On real sockets the same logic applies when every host
+//! runs in one process; a lab placed across processes refuses downlinks.
+//!
 //! Jitter is a delay drawn per datagram, but a link keeps its order: a datagram never arrives
 //! before one sent earlier on the same link (it waits behind it, as in a FIFO queue whose delay
 //! varies). Deep reordering would be a different impairment: with a jitter of milliseconds at a
@@ -62,6 +78,8 @@ use tokio::time::Instant;
 use crate::link::{LinkSpec, Pacer, Rate};
 
 mod real;
+#[cfg(test)]
+mod tests;
 
 use real::{real_egress, real_ingress, RealSender, RealUdp};
 
@@ -99,12 +117,35 @@ pub enum Carrier {
     KernelRate,
 }
 
-/// The emulated network's link table: a spec per directed link, a default, optional host uplinks.
+/// The emulated network's link table: a spec per directed link, a default, optional host uplinks
+/// and downlinks (with the downlinks' shared queues).
 /// Shared by every socket and changeable while a scenario runs.
 #[derive(Debug)]
 pub struct Network {
     table: Mutex<Table>,
+    downlinks: Mutex<HashMap<IpAddr, Downlink>>,
+    /// The origin of the downlinks' clock: [`crate::lab::clock`] after it.
+    epoch: Instant,
     carrier: Carrier,
+}
+
+/// A host's downlink: the queue every datagram to it shares, and what it did.
+#[derive(Debug)]
+struct Downlink {
+    spec: LinkSpec,
+    pacer: Pacer,
+    stats: DownlinkStats,
+}
+
+/// What a host's downlink has done since it was set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DownlinkStats {
+    /// Datagrams admitted to its queue.
+    pub admitted: u64,
+    /// Bytes admitted (quinn's payload, as link rates count it).
+    pub admitted_bytes: u64,
+    /// Datagrams dropped because its queue was full.
+    pub drops: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -139,6 +180,8 @@ impl Network {
                 uplinks: HashMap::new(),
                 blocked: HashSet::new(),
             }),
+            downlinks: Mutex::new(HashMap::new()),
+            epoch: Instant::now(),
             carrier,
         })
     }
@@ -167,6 +210,57 @@ impl Network {
     /// Sets a shared uplink that every datagram from `host` passes before its link.
     pub fn set_uplink(&self, host: IpAddr, spec: LinkSpec) {
         lock(&self.table).uplinks.insert(host, spec);
+    }
+
+    /// Sets a shared downlink that every datagram to `host` passes after its sender's link: only
+    /// `spec`'s rate and queue apply (the links have the latency, jitter and loss). Setting it
+    /// again changes the spec and keeps the queue and counters. See the module documentation for
+    /// where it sits and what it approximates.
+    pub fn set_downlink(&self, host: IpAddr, spec: LinkSpec) {
+        lock(&self.downlinks)
+            .entry(host)
+            .and_modify(|downlink| downlink.spec = spec)
+            .or_insert(Downlink {
+                spec,
+                pacer: Pacer::default(),
+                stats: DownlinkStats::default(),
+            });
+    }
+
+    /// What the downlink of `host` has done, if it has one.
+    pub fn downlink_stats(&self, host: IpAddr) -> Option<DownlinkStats> {
+        lock(&self.downlinks)
+            .get(&host)
+            .map(|downlink| downlink.stats)
+    }
+
+    /// Passes a datagram of `len` bytes to `to` that leaves its sender's link at `leaves` (on the
+    /// sender's clock, whose present is `now`) through `to`'s downlink, if it has one. Returns when
+    /// it leaves the downlink, on the sender's clock, or `None` if the queue was full.
+    fn through_downlink(
+        &self,
+        to: IpAddr,
+        now: Instant,
+        leaves: Instant,
+        len: usize,
+    ) -> Option<Instant> {
+        let mut downlinks = lock(&self.downlinks);
+        let Some(downlink) = downlinks.get_mut(&to) else {
+            return Some(leaves);
+        };
+        // Each turmoil host's tokio clock has its own origin: the queue keeps the lab's clock.
+        let arrives = self.epoch + crate::lab::clock() + (leaves - now);
+        match downlink.pacer.admit(arrives, len, &downlink.spec) {
+            Ok(done) => {
+                downlink.stats.admitted += 1;
+                downlink.stats.admitted_bytes += len as u64;
+                Some(leaves + (done - arrives))
+            }
+            Err(_) => {
+                downlink.stats.drops += 1;
+                None
+            }
+        }
     }
 
     /// The spec of the directed link `from -> to`.
@@ -220,8 +314,10 @@ pub struct SocketStats {
     /// Datagrams dropped by emulated loss (by the sender over turmoil, by the receiver on real
     /// sockets).
     pub lost: AtomicU64,
-    /// Datagrams dropped because a queue was full.
+    /// Datagrams dropped because a queue was full (the host's uplink or a link's).
     pub queue_drops: AtomicU64,
+    /// Datagrams dropped because the destination's downlink queue was full.
+    pub downlink_drops: AtomicU64,
     /// Datagrams dropped because the link was cut (real-time partitions).
     pub blocked: AtomicU64,
     /// Datagrams the kernel refused because the socket's send buffer was full (real sockets).
@@ -473,8 +569,8 @@ impl LabSocket {
         }
     }
 
-    /// Applies the sender's part of the link to one datagram: partition, loss (over turmoil),
-    /// uplink and link queues, latency and jitter (over turmoil).
+    /// Applies the sender's part of the link to one datagram: partition, uplink and link queues,
+    /// loss (over turmoil), the receiver's downlink, latency and jitter (over turmoil).
     fn emulate_send(&self, to: SocketAddr, payload: &[u8]) -> Verdict {
         let now = Instant::now();
         let route = self.network.route(self.local.ip(), to.ip());
@@ -517,6 +613,11 @@ impl LabSocket {
             self.stats.lost.fetch_add(1, Ordering::Relaxed);
             return Verdict::Dropped;
         }
+        // The receiver's shared downlink, after the sender's link and before propagation.
+        let Some(departs) = self.network.through_downlink(to.ip(), now, departs, len) else {
+            self.stats.downlink_drops.fetch_add(1, Ordering::Relaxed);
+            return Verdict::Dropped;
+        };
         let at = if path_on_send {
             let extra = spec.latency.saturating_sub(route.transport_latency);
             let jitter = if spec.jitter.is_zero() {
