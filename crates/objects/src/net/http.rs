@@ -90,9 +90,27 @@ impl IntoResponse for ObjectServiceError {
                 message,
                 json!({ "needed": needed, "reached": reached, "asked": asked }),
             ),
+            Self::WriteUnconfirmed {
+                needed,
+                acks,
+                asked,
+                superseded,
+            } => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "quorum_not_reached",
+                message,
+                json!({ "needed": needed, "reached": acks, "asked": asked,
+                        "superseded": superseded, "outcome": "unknown" }),
+            ),
             Self::ContentUnavailable => error(
                 StatusCode::BAD_GATEWAY,
                 "content_unavailable",
+                message,
+                json!({}),
+            ),
+            Self::Clock(_) => error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "clock_exhausted",
                 message,
                 json!({}),
             ),
@@ -254,6 +272,8 @@ async fn status(
         "write_quorum": config.write_quorum,
         "read_quorum": config.read_quorum,
         "read_policy": config.read_policy.name(),
+        "members": service.members().iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "max_clock_skew_ms": config.max_clock_skew.as_millis() as u64,
     })))
 }
 

@@ -54,7 +54,9 @@ pub fn timestamp(physical_ms: u64, counter: u16) -> u64 {
 #[non_exhaustive]
 pub enum ClockError {
     /// The remote timestamp is further ahead of this node's physical clock than `max_skew`.
-    #[error("timestamp {ahead_ms} ms ahead of this node's clock (at most {max_skew_ms} ms accepted)")]
+    #[error(
+        "timestamp {ahead_ms} ms ahead of this node's clock (at most {max_skew_ms} ms accepted)"
+    )]
     AheadOfClock {
         /// How far ahead, in milliseconds.
         ahead_ms: u64,
@@ -113,7 +115,7 @@ impl HybridClock {
 
     /// Checks a timestamp received at physical time `now_ms` without accepting it.
     pub fn check(&self, remote: u64, now_ms: u64) -> Result<(), ClockError> {
-        if remote >= MAX_TIMESTAMP {
+        if remote == MAX_TIMESTAMP {
             return Err(ClockError::AtLimit);
         }
         let ahead_ms = physical_ms(remote).saturating_sub(now_ms.min(MAX_PHYSICAL_MS));
