@@ -85,6 +85,7 @@ fn main() -> anyhow::Result<()> {
 async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     let settings = Settings::load(&args)?;
     let daemon = Daemon::builder(settings.objects)
+        .members(settings.members.iter().copied())
         .data_dir(&settings.data_dir)
         .http(settings.http)
         .bind(settings.listen, |config| settings.apply(config))
