@@ -12,7 +12,8 @@
 //!
 //! Errors are JSON `{"error": code, "message": text, ...}` with these statuses: `400 invalid_key`,
 //! `413 too_large` (with `max_bytes`), `404 not_found`, `404 no_route`, `503 quorum_not_reached`
-//! (with `needed`, `reached`, `asked`), `502 content_unavailable`, `500 store_error`.
+//! (with `needed`, `reached`, `asked`; a write adds `superseded` and `outcome: "unknown"`),
+//! `502 content_unavailable`, `500 store_error`, `500 clock_exhausted`.
 //! Connections are HTTP/1.1 keep-alive.
 
 use std::convert::Infallible;
