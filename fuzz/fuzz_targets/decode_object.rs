@@ -8,12 +8,14 @@
 //! * a decoded store request re-encodes to exactly the bytes it was decoded from;
 //! * a decoded fetch request re-encodes to exactly its bytes;
 //! * a decoded store response or refusal re-encodes to exactly its bytes;
+//! * a decoded conditional-write request or answer re-encodes to exactly its bytes;
 //! * the hybrid clock never panics or wraps on the clocks and versions a message carries.
 #![no_main]
 
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
+use meshwire_objects::proto::cas::{self, decode_cas, decode_cas_answer};
 use meshwire_objects::proto::clock::{HybridClock, MAX_TIMESTAMP};
 use meshwire_objects::proto::object::{
     self, content_hash, decode_fetch, decode_fetched, decode_store, decode_stored, FetchMode,
@@ -60,6 +62,15 @@ fuzz_target!(|data: &[u8]| {
             Err(reason) => object::encode_refusal(answer.clock, reason),
         };
         assert_eq!(again, message);
+    }
+    if let Ok(request) = decode_cas(message, max) {
+        assert!(request.content.len() <= max);
+        let mut again = cas::encode_cas_header(request.clock, request.phase, request.key, &request.stamp);
+        again.extend_from_slice(&message[request.content.clone()]);
+        assert_eq!(again, message);
+    }
+    if let Ok((answer_clock, answer)) = decode_cas_answer(message) {
+        assert_eq!(cas::encode_cas_answer(answer_clock, answer), message);
     }
     if let Ok(tick) = clock.tick(now_ms) {
         assert!(tick < MAX_TIMESTAMP);

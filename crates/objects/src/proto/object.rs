@@ -144,7 +144,7 @@ impl Refusal {
         }
     }
 
-    fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         match self {
             Self::NotMember => 1,
             Self::ClockSkew => 2,
@@ -171,10 +171,10 @@ pub struct Answer<T> {
     pub answer: Result<T, Refusal>,
 }
 
-const CLOCK_LEN: usize = 8;
-const STAMP_LEN: usize = 8 + 32;
+pub(crate) const CLOCK_LEN: usize = 8;
+pub(crate) const STAMP_LEN: usize = 8 + 32;
 
-fn need(bytes: &[u8], needed: usize) -> Result<(), ObjectError> {
+pub(crate) fn need(bytes: &[u8], needed: usize) -> Result<(), ObjectError> {
     if bytes.len() < needed {
         return Err(ObjectError::Truncated {
             needed,
@@ -184,14 +184,14 @@ fn need(bytes: &[u8], needed: usize) -> Result<(), ObjectError> {
     Ok(())
 }
 
-fn read_u64(bytes: &[u8]) -> Result<u64, ObjectError> {
+pub(crate) fn read_u64(bytes: &[u8]) -> Result<u64, ObjectError> {
     need(bytes, 8)?;
     let mut value = [0u8; 8];
     value.copy_from_slice(&bytes[..8]);
     Ok(u64::from_le_bytes(value))
 }
 
-fn read_stamp(bytes: &[u8]) -> Result<Stamp, ObjectError> {
+pub(crate) fn read_stamp(bytes: &[u8]) -> Result<Stamp, ObjectError> {
     need(bytes, STAMP_LEN)?;
     let mut hash = [0u8; 32];
     hash.copy_from_slice(&bytes[8..STAMP_LEN]);
@@ -201,7 +201,7 @@ fn read_stamp(bytes: &[u8]) -> Result<Stamp, ObjectError> {
     })
 }
 
-fn write_stamp(out: &mut Vec<u8>, stamp: &Stamp) {
+pub(crate) fn write_stamp(out: &mut Vec<u8>, stamp: &Stamp) {
     out.extend_from_slice(&stamp.version.to_le_bytes());
     out.extend_from_slice(&stamp.hash);
 }
@@ -289,9 +289,9 @@ pub fn encode_refusal(clock: u64, reason: Refusal) -> Vec<u8> {
 }
 
 /// The tag of a refusal, in both fetch and store responses.
-const REFUSED: u8 = 2;
+pub(crate) const REFUSED: u8 = 2;
 
-fn decode_refusal(rest: &[u8]) -> Result<Refusal, ObjectError> {
+pub(crate) fn decode_refusal(rest: &[u8]) -> Result<Refusal, ObjectError> {
     match rest {
         [code] => Refusal::from_code(*code),
         [] => Err(ObjectError::Truncated { needed: 1, have: 0 }),
