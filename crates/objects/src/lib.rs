@@ -47,6 +47,19 @@
 //!   the background. **`503 quorum_not_reached` on a write means the outcome is unknown**: fewer than
 //!   W acks arrived by the deadline, but replicas that stored the copy keep it, so it may still be
 //!   read later (Dynamo's semantics: retry with the same content, or read to find out).
+//! - Compare-and-set (`PUT` with `If-Match` / `If-None-Match: *`, [`proto::cas`]): two phases.
+//!   Every replica is asked to *prepare* (check the precondition against its store, and hold the
+//!   copy unless another conditional write is pending on the key); at W prepares every replica is
+//!   asked to *commit* (apply the held copy if the precondition still holds, in one store
+//!   transaction), and `201` comes at W commits. Short of W prepares, every replica is told to
+//!   *abort*, and nothing was written: `412` if a replica's copy did not match, `409` if only
+//!   other pending writes were in the way. Since one replica holds one pending write per key and
+//!   W is a majority of the replicas in the default settings, two conditional writes on the same
+//!   ETag cannot both succeed: concurrent increments through three nodes end at exactly the number
+//!   of `201`s (`tests/cas.rs`). A replica holds at most 64 MiB of prepared content (more is
+//!   answered busy) for at most twice the deadline. Limits: safety needs `W > R / 2`; a coordinator that stalls
+//!   longer than twice the deadline between prepare and commit loses its prepares (they expire);
+//!   an unconditional write to the same key in between makes the commit fail on that replica.
 //! - Read (`GET`): a quorum plan asks replicas for version and hash, returns at the read quorum, merges
 //!   (highest version, then summed trust = 1 − error rate, then most holders, then smallest hash), takes
 //!   the content from the local store or a holder of the winner (hash checked), and repairs replicas that
@@ -65,23 +78,28 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `PUT /objects/{key}` (body = content) | `201` `{"key","version","hash","acks","replicas"}` |
-//! | `GET /objects/{key}` | `200` content, streamed in 64 KiB chunks; headers `ETag` (hash), `x-meshwire-version`, `x-meshwire-answers` |
+//! | `PUT /objects/{key}` (body = content) | `201` `{"key","version","hash","etag","acks","replicas"}` |
+//! | `PUT /objects/{key}` with `If-Match: "<etag>"` or `If-None-Match: *` | compare-and-set: `201` only if the current copy is exactly that ETag (or absent); else `412`, or `409` when another conditional write on the key is in progress |
+//! | `GET /objects/{key}` | `200` content, streamed in 64 KiB chunks; headers `ETag` (`"<version>-<SHA-256 hex>"`), `x-meshwire-version`, `x-meshwire-answers` |
 //! | `GET /objects/{key}?local=true` or header `x-meshwire-read: local` | this node's copy only |
 //! | `GET /status` | peer id, peers (connected, RTT, queued messages/bytes, latency estimate, error rate), store size, quorum settings, `members` (the cluster, this node included), `max_clock_skew_ms` |
 //! | `GET /peers` | the peers list of `/status` |
-//! | `GET /metrics` | Prometheus text (node metrics plus `meshwire_object_reads_total{outcome}`, `meshwire_object_writes_total{outcome}`, `meshwire_object_read_repairs_total`, `meshwire_object_read_requests_total`, `meshwire_object_refused_requests_total{reason}`, `meshwire_object_refused_answers_total{reason}` with reasons `not_member`, `clock_skew`, `version_limit`) |
+//! | `GET /metrics` | Prometheus text (node metrics plus `meshwire_object_reads_total{outcome}`, `meshwire_object_writes_total{outcome}` (`ok`, `quorum_not_reached`, `precondition_failed`, `conflict`, `error`), `meshwire_object_read_repairs_total`, `meshwire_object_read_requests_total`, `meshwire_object_refused_requests_total{reason}`, `meshwire_object_refused_answers_total{reason}` with reasons `not_member`, `clock_skew`, `version_limit`) |
 //!
 //! Errors are JSON `{"error": CODE, "message": TEXT, ...}`:
 //!
 //! | status | `error` | when | extra fields |
 //! |---|---|---|---|
 //! | 400 | `invalid_key` | key empty, too long, bad characters, `.` or `..` | |
+//! | 400 | `invalid_precondition` | `If-Match` is not one ETag of this API (`*` and weak tags included), `If-None-Match` is not `*`, or both are present | |
+//! | 412 | `precondition_failed` | a conditional write: a replica's current copy does not match; nothing was written | `current_etag` (newest reported, or null) |
+//! | 409 | `conflict` | a conditional write: other conditional writes on the key held too many replicas; nothing was written, retry | `needed`, `prepared` |
 //! | 413 | `too_large` | body over `max_object_bytes` | `max_bytes` |
 //! | 404 | `not_found` | no replica (or, local read, this node) holds the key | |
 //! | 404 | `no_route` | any other path | |
 //! | 503 | `quorum_not_reached` | a read: fewer replicas answered than the read quorum before the deadline | `needed`, `reached`, `asked` |
-//! | 503 | `quorum_not_reached` | a write: fewer than W acks before the deadline; the write may still apply | `needed`, `reached` (acks), `asked`, `superseded` (replicas holding a winning copy), `outcome: "unknown"` |
+//! | 503 | `quorum_not_reached` | a write: fewer than W acks (for a conditional write: commits) before the deadline; the write may still apply | `needed`, `reached` (acks), `asked`, `superseded` (replicas holding a winning copy), `outcome: "unknown"` |
+//! | 503 | `quorum_not_reached` | a conditional write: fewer than W replicas prepared before the deadline; nothing was written | `needed`, `reached`, `asked`, `outcome: "not_applied"` |
 //! | 502 | `content_unavailable` | the quorum agreed on a copy but no holder delivered its content | |
 //! | 500 | `store_error` | the local store failed or holds a corrupt record | |
 //! | 500 | `clock_exhausted` | this node's hybrid clock reached `u64::MAX - 1` and cannot version a write | |

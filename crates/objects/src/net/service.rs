@@ -48,7 +48,7 @@ use crate::proto::object::{
 };
 use crate::proto::quorum::{Outcome, PeerScores, Policy, QuorumConfig, QuorumError, ScoreConfig};
 use bytes::Bytes;
-use meshwire::protocols::{OBJECT_FETCH as FETCH, OBJECT_STORE as STORE};
+use meshwire::protocols::{OBJECT_CAS as CAS, OBJECT_FETCH as FETCH, OBJECT_STORE as STORE};
 use meshwire::{HandlerError, Node, PeerId, SubscribeError};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -58,6 +58,7 @@ use rand::SeedableRng;
 
 use super::store::{Store, StoreError, StoredObject};
 
+mod cas;
 mod drive;
 mod read;
 mod serve;
@@ -166,6 +167,34 @@ pub enum ObjectServiceError {
         /// Replicas that answered they hold a winning copy instead.
         superseded: usize,
     },
+    /// An `If-Match` or `If-None-Match` header is not one this API takes.
+    #[error(transparent)]
+    InvalidPrecondition(#[from] crate::proto::cas::PreconditionError),
+    /// A conditional write's precondition does not hold: nothing was written. `current` is the
+    /// newest copy a replica reported (`None`: absent).
+    #[error("precondition failed: the current copy does not match")]
+    PreconditionFailed {
+        /// The newest current copy reported.
+        current: Option<Stamp>,
+    },
+    /// Other conditional writes on the key were pending on too many replicas: nothing was written.
+    #[error("conflict: another conditional write is in progress ({prepared} of {needed} replicas prepared)")]
+    Conflict {
+        /// Prepares needed.
+        needed: usize,
+        /// Prepares received.
+        prepared: usize,
+    },
+    /// Too few replicas prepared a conditional write before the deadline: nothing was written.
+    #[error("write quorum not reached: {prepared} of {needed} replicas prepared ({asked} asked); nothing was written")]
+    NotApplied {
+        /// Prepares needed.
+        needed: usize,
+        /// Prepares received.
+        prepared: usize,
+        /// Replicas asked.
+        asked: usize,
+    },
     /// The quorum agreed on a copy but none of its holders delivered its content in time.
     #[error("no holder of the winning copy delivered it")]
     ContentUnavailable,
@@ -272,6 +301,7 @@ struct Inner {
     members: RwLock<Arc<Vec<PeerId>>>,
     clock: Mutex<HybridClock>,
     physical: Arc<dyn PhysicalClock>,
+    pending: Mutex<cas::PendingWrites>,
     scores: Mutex<PeerScores<PeerId>>,
     rng: Mutex<SmallRng>,
     metrics: ObjectMetrics,
@@ -313,6 +343,7 @@ impl ObjectService {
                 members: RwLock::new(Arc::new(Vec::new())),
                 clock: Mutex::new(HybridClock::new(config.max_clock_skew)),
                 physical: options.clock,
+                pending: Mutex::new(cas::PendingWrites::new()),
                 scores: Mutex::new(PeerScores::new(config.scores)),
                 rng: Mutex::new(rng),
                 metrics: ObjectMetrics::default(),
@@ -361,6 +392,11 @@ impl ObjectService {
         let weak = Arc::downgrade(&service.inner);
         node.handle(STORE, move |peer, body| {
             let result = upgrade(&weak).and_then(|service| service.serve_store(peer, body));
+            async move { result }
+        })?;
+        let weak = Arc::downgrade(&service.inner);
+        node.handle(CAS, move |peer, body| {
+            let result = upgrade(&weak).and_then(|service| service.serve_cas(peer, body));
             async move { result }
         })?;
         Ok(service)
@@ -499,23 +535,41 @@ impl ObjectService {
             Err(ObjectServiceError::WriteUnconfirmed { .. }) => "quorum_not_reached",
             Err(_) => "error",
         };
-        self.inner
-            .metrics
-            .writes
-            .get_or_create(&OutcomeLabel { outcome: label })
-            .inc();
+        self.count_write(label);
         result
     }
 
+    fn count_write(&self, outcome: &'static str) {
+        self.inner
+            .metrics
+            .writes
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
+    /// Checks a write's key and size.
+    fn check_write(&self, key: &str, content: &Bytes) -> Result<(), ObjectServiceError> {
+        object::validate_key(key).map_err(ObjectServiceError::InvalidKey)?;
+        let max = self.inner.config.max_object_bytes;
+        if content.len() > max {
+            return Err(ObjectServiceError::TooLarge {
+                len: content.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
     /// The version for a new write of `key`: a tick of the hybrid clock after it observed the
-    /// version this node holds, unless that one is beyond the accepted skew (it then loses).
-    fn next_version(&self, key: &str) -> Result<u64, ObjectServiceError> {
+    /// version this node holds and `after` (a conditional write's expected version), unless one
+    /// is beyond the accepted skew (it is then not adopted, and loses).
+    fn next_version(&self, key: &str, after: Option<u64>) -> Result<u64, ObjectServiceError> {
         let held = self.inner.store.stamp(key).unwrap_or(None);
         let now_ms = self.inner.physical.now_ms();
         let mut hybrid = lock(&self.inner.clock);
-        if let Some(held) = held {
-            // A refused local version is not adopted: a write must not inherit a stamp from the future.
-            let _ = hybrid.observe(held.version, now_ms);
+        for version in held.map(|held| held.version).into_iter().chain(after) {
+            // A refused version is not adopted: a write must not inherit a stamp from the future.
+            let _ = hybrid.observe(version, now_ms);
         }
         hybrid.tick(now_ms).map_err(ObjectServiceError::Clock)
     }
@@ -525,16 +579,9 @@ impl ObjectService {
         key: &str,
         content: Bytes,
     ) -> Result<WriteOutcome, ObjectServiceError> {
-        object::validate_key(key).map_err(ObjectServiceError::InvalidKey)?;
-        let max = self.inner.config.max_object_bytes;
-        if content.len() > max {
-            return Err(ObjectServiceError::TooLarge {
-                len: content.len(),
-                max,
-            });
-        }
+        self.check_write(key, &content)?;
         let stamp = Stamp {
-            version: self.next_version(key)?,
+            version: self.next_version(key, None)?,
             hash: content_hash(&content),
         };
         let replicas = self.replicas(key);

@@ -34,6 +34,15 @@ pub enum ReplicaError {
         /// The copy it holds.
         held: Stamp,
     },
+    /// A conditional write's precondition does not hold there: this is its current copy.
+    #[error("precondition failed: the replica holds {}", current.map_or("nothing".to_string(), |s| s.version.to_string()))]
+    Mismatch {
+        /// Its current copy, if any.
+        current: Option<Stamp>,
+    },
+    /// Another conditional write is pending on the key there.
+    #[error("another conditional write is pending on the key")]
+    Busy,
     /// The replica refused the request.
     #[error("the replica refused the request: {}", .0.name())]
     Refused(Refusal),

@@ -61,9 +61,26 @@ impl ObjectService {
         Ok(Bytes::from(object::encode_stored(clock, stored)))
     }
 
+    /// Counts and logs a request from `peer` refused for `reason`.
+    pub(super) fn count_refused_request(&self, peer: PeerId, key: &str, reason: Refusal) {
+        self.inner
+            .metrics
+            .refused_requests
+            .get_or_create(&ReasonLabel {
+                reason: reason.name(),
+            })
+            .inc();
+        tracing::warn!(%peer, %key, reason = reason.name(), "object request refused");
+    }
+
     /// Lets a request from `peer` sent at `clock` (carrying `stamp`, for a store) through the
     /// membership and clock gate; the accepted clock and version move this node's clock.
-    fn admit(&self, peer: PeerId, clock: u64, stamp: Option<Stamp>) -> Result<(), Refusal> {
+    pub(super) fn admit(
+        &self,
+        peer: PeerId,
+        clock: u64,
+        stamp: Option<Stamp>,
+    ) -> Result<(), Refusal> {
         if !self.is_member(peer) {
             return Err(Refusal::NotMember);
         }
@@ -79,14 +96,7 @@ impl ObjectService {
     }
 
     fn refuse(&self, peer: PeerId, key: &str, reason: Refusal) -> Result<Bytes, HandlerError> {
-        self.inner
-            .metrics
-            .refused_requests
-            .get_or_create(&ReasonLabel {
-                reason: reason.name(),
-            })
-            .inc();
-        tracing::warn!(%peer, %key, reason = reason.name(), "object request refused");
+        self.count_refused_request(peer, key, reason);
         let clock = self.tick().map_err(handler_error)?;
         Ok(Bytes::from(object::encode_refusal(clock, reason)))
     }
