@@ -20,10 +20,10 @@
 //!
 //! - An object is `(key, version, SHA-256 of content, content)`. Keys: 1-256 bytes of `[A-Za-z0-9._-]`.
 //! - Members: the cluster is the configured `members` plus this node, which is always a member of
-//!   its own cluster (listing it changes nothing). With no members a node is a cluster of one and
-//!   logs so at start. Objects are placed on, replicated to, fetched from and repaired from members
+//!   its own cluster (listing it changes nothing). With no members a node is a cluster of one
+//!   (`meshwire node` warns so at start). Objects are placed on, replicated to, fetched from and repaired from members
 //!   only. A connected non-member may use every other protocol, but never enters placement, and
-//!   its `STORE` and `FETCH` requests get a typed refusal (`not_member`), counted in
+//!   its `STORE`, `FETCH` and conditional-write requests get a typed refusal (`not_member`), counted in
 //!   `meshwire_object_refused_requests_total{reason}` and logged at warn with its PeerId.
 //! - Replicas: the R heaviest members under rendezvous hashing (`SHA-256(key ‖ peer id)`), connected
 //!   or not, so every member with the same list computes the same set, and placement changes only

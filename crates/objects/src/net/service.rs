@@ -4,7 +4,8 @@
 //! # Design
 //!
 //! **Members.** The cluster is the configured member list plus this node (a node is always a member
-//! of its own cluster; with no members configured it is a cluster of one and says so at start).
+//! of its own cluster; with no members configured it is a cluster of one, and `meshwire node` says
+//! so at start).
 //! Replicas of a key are the R heaviest members under rendezvous hashing
 //! ([`crate::proto::object::replicas_for`]), connected or not, so placement changes only when the
 //! member list does ([`ObjectService::set_members`]), never when a connection comes or goes. A
@@ -428,19 +429,12 @@ impl ObjectService {
     }
 
     /// Replaces the member list: placement follows the new cluster (`members` plus this node) at
-    /// once, and requests from peers outside it are refused from now on.
+    /// once, and requests from peers outside it are refused from now on. With no members, this
+    /// node is a cluster of one (`meshwire node` says so at start).
     pub fn set_members(&self, members: impl IntoIterator<Item = PeerId>) {
         let me = self.inner.node.peer_id();
         let cluster: BTreeSet<PeerId> = members.into_iter().chain(std::iter::once(me)).collect();
-        if cluster.len() == 1 {
-            tracing::info!(
-                peer_id = %me,
-                "no members configured: this node is a cluster of one, and refuses every peer's \
-                 object requests"
-            );
-        } else {
-            tracing::info!(members = cluster.len(), "object cluster members set");
-        }
+        tracing::debug!(members = cluster.len(), "object cluster members set");
         let cluster = Arc::new(cluster.into_iter().collect());
         *self
             .inner
