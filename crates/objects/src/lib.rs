@@ -35,6 +35,9 @@
 //!   node whose clock runs ahead cannot plant a version that freezes a key. Replica answers pass
 //!   the same check on the asking side (`meshwire_object_refused_answers_total{reason}`); a refused
 //!   answer counts as that replica's failure.
+//!   Upgrading: versions stored before hybrid clocks (plain Unix milliseconds) read as timestamps
+//!   from 1970 and lose to any new write; nodes of the earlier message format cannot exchange
+//!   objects with these (their messages do not decode and are refused as malformed).
 //! - Quorums: a key has `min(R, cluster size)` replicas, and W and the read quorum are both clamped
 //!   to that number (a lone node writes and reads with a quorum of 1). The settings must still
 //!   satisfy `1 <= W <= R` and `1 <= read quorum <= R`, or the node refuses to start.
