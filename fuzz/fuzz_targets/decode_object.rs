@@ -6,10 +6,17 @@
 //! * no decoder panics;
 //! * a decoded full copy or store request has content within the limit that matches its hash;
 //! * a decoded store request re-encodes to exactly the bytes it was decoded from;
-//! * a decoded fetch request re-encodes to exactly its bytes.
+//! * a decoded fetch request re-encodes to exactly its bytes;
+//! * a decoded store response or refusal re-encodes to exactly its bytes;
+//! * a decoded conditional-write request or answer re-encodes to exactly its bytes;
+//! * the hybrid clock never panics or wraps on the clocks and versions a message carries.
 #![no_main]
 
+use std::time::Duration;
+
 use libfuzzer_sys::fuzz_target;
+use meshwire_objects::proto::cas::{self, decode_cas, decode_cas_answer};
+use meshwire_objects::proto::clock::{HybridClock, MAX_TIMESTAMP};
 use meshwire_objects::proto::object::{
     self, content_hash, decode_fetch, decode_fetched, decode_store, decode_stored, FetchMode,
     Fetched,
@@ -20,20 +27,52 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let max = usize::from(max);
-    if let Ok((mode, key)) = decode_fetch(message) {
-        assert_eq!(object::encode_fetch(mode, key), message);
+    let mut clock = HybridClock::new(Duration::from_secs(5));
+    let now_ms = 1_760_000_000_000;
+    if let Ok(request) = decode_fetch(message) {
+        assert_eq!(
+            object::encode_fetch(request.clock, request.mode, request.key),
+            message
+        );
+        let _ = clock.observe(request.clock, now_ms);
     }
     for mode in [FetchMode::Metadata, FetchMode::Full] {
-        if let Ok(Fetched::Present { stamp, content: Some(range) }) = decode_fetched(mode, message, max) {
-            assert!(range.len() <= max);
-            assert_eq!(content_hash(&message[range]), stamp.hash);
+        if let Ok(answer) = decode_fetched(mode, message, max) {
+            match answer.answer {
+                Ok(Fetched::Present { stamp, content: Some(range) }) => {
+                    assert!(range.len() <= max);
+                    assert_eq!(content_hash(&message[range]), stamp.hash);
+                }
+                Err(reason) => assert_eq!(object::encode_refusal(answer.clock, reason), message),
+                Ok(_) => {}
+            }
         }
     }
     if let Ok(request) = decode_store(message, max) {
         assert!(request.content.len() <= max);
-        let mut again = object::encode_store_header(request.key, &request.stamp);
+        let mut again = object::encode_store_header(request.clock, request.key, &request.stamp);
+        again.extend_from_slice(&message[request.content.clone()]);
+        assert_eq!(again, message);
+        let accepted = clock.observe(request.stamp.version, now_ms).is_ok();
+        assert!(!accepted || request.stamp.version != MAX_TIMESTAMP);
+    }
+    if let Ok(answer) = decode_stored(message) {
+        let again = match answer.answer {
+            Ok(stored) => object::encode_stored(answer.clock, stored),
+            Err(reason) => object::encode_refusal(answer.clock, reason),
+        };
+        assert_eq!(again, message);
+    }
+    if let Ok(request) = decode_cas(message, max) {
+        assert!(request.content.len() <= max);
+        let mut again = cas::encode_cas_header(request.clock, request.phase, request.key, &request.stamp);
         again.extend_from_slice(&message[request.content.clone()]);
         assert_eq!(again, message);
     }
-    let _ = decode_stored(message);
+    if let Ok((answer_clock, answer)) = decode_cas_answer(message) {
+        assert_eq!(cas::encode_cas_answer(answer_clock, answer), message);
+    }
+    if let Ok(tick) = clock.tick(now_ms) {
+        assert!(tick < MAX_TIMESTAMP);
+    }
 });

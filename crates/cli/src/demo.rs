@@ -55,6 +55,10 @@ async fn demo() -> anyhow::Result<Vec<Daemon>> {
     }
     let nodes: Vec<Node> = daemons.iter().map(|daemon| daemon.node().clone()).collect();
     let ids: Vec<PeerId> = nodes.iter().map(Node::peer_id).collect();
+    // The five nodes form one object cluster: objects are placed on and served by members only.
+    for daemon in &daemons {
+        daemon.service().set_members(ids.iter().copied());
+    }
     println!("meshwire demo: {NODES} nodes on loopback\n");
     println!("node  peer id      address");
     for (index, node) in nodes.iter().enumerate() {

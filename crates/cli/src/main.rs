@@ -85,6 +85,7 @@ fn main() -> anyhow::Result<()> {
 async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     let settings = Settings::load(&args)?;
     let daemon = Daemon::builder(settings.objects)
+        .members(settings.members.iter().copied())
         .data_dir(&settings.data_dir)
         .http(settings.http)
         .bind(settings.listen, |config| settings.apply(config))
@@ -97,6 +98,18 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
         http = %format!("http://{}", daemon.http_address().unwrap_or(settings.http)),
         "node running; stop with ctrl-c"
     );
+    let members = daemon.service().members();
+    if members.len() == 1 {
+        tracing::warn!(
+            "no object members configured (--member, [objects] members): this node is a cluster \
+             of one; it stores every object itself and refuses other nodes' object requests"
+        );
+    } else {
+        tracing::info!(
+            members = members.len(),
+            "object cluster (this node included)"
+        );
+    }
     let mut events = node.events();
     for peer in &settings.peers {
         node.add_peer(peer.address, peer.peer_id)?;

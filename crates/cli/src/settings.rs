@@ -31,6 +31,11 @@ pub struct NodeArgs {
     /// TCP address of the HTTP API (default 127.0.0.1:7780).
     #[arg(long)]
     pub http: Option<SocketAddr>,
+    /// A member of this node's object cluster, by PeerId (repeatable; adds to `[objects] members`).
+    /// Objects are placed on, replicated to and served to members only; without any, the node is
+    /// a cluster of one.
+    #[arg(long = "member")]
+    pub members: Vec<PeerId>,
 }
 
 /// A peer's identity and address: `PEERID@HOST:PORT`.
@@ -84,6 +89,9 @@ pub struct FileObjects {
     pub read_policy: Option<String>,
     pub max_object_bytes: Option<usize>,
     pub deadline_ms: Option<u64>,
+    pub max_clock_skew_ms: Option<u64>,
+    #[serde(default)]
+    pub members: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -106,6 +114,8 @@ pub struct Settings {
     pub allowlist: Option<HashSet<PeerId>>,
     pub http: SocketAddr,
     pub objects: meshwire_objects::net::ObjectConfig,
+    /// The object cluster's other members (this node is always one).
+    pub members: Vec<PeerId>,
     transport: FileTransport,
 }
 
@@ -141,6 +151,16 @@ impl Settings {
             parse_congestion(congestion)?;
         }
         let objects = object_config(&file.objects)?;
+        let mut members = file
+            .objects
+            .members
+            .iter()
+            .map(|id| {
+                id.parse::<PeerId>()
+                    .with_context(|| format!("bad peer id {id:?} in [objects] members"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        members.extend(args.members.iter().copied());
         Ok(Self {
             data_dir: args
                 .data_dir
@@ -158,6 +178,7 @@ impl Settings {
                 .or(file.http_listen)
                 .unwrap_or_else(|| "127.0.0.1:7780".parse().expect("valid literal")),
             objects,
+            members,
             transport: file.transport,
         })
     }
@@ -212,6 +233,9 @@ fn object_config(file: &FileObjects) -> anyhow::Result<meshwire_objects::net::Ob
     if let Some(ms) = file.deadline_ms {
         config.deadline = Duration::from_millis(ms);
     }
+    if let Some(ms) = file.max_clock_skew_ms {
+        config.max_clock_skew = Duration::from_millis(ms);
+    }
     if config.write_quorum == 0
         || config.write_quorum > config.replication
         || config.read_quorum == 0
@@ -243,6 +267,7 @@ mod tests {
             peers: Vec::new(),
             allow: Vec::new(),
             http: None,
+            members: Vec::new(),
         }
     }
 
@@ -281,6 +306,26 @@ mod tests {
         assert_eq!(config.transport.max_rtt, Duration::from_millis(50));
         assert_eq!(config.transport.initial_window_bytes, Some(64 * 1024));
         assert!(config.allowlist.unwrap().contains(&id));
+    }
+
+    #[test]
+    fn members_come_from_the_file_and_the_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        let (a, b) = (PeerId::from_bytes([5; 32]), PeerId::from_bytes([6; 32]));
+        std::fs::write(
+            &path,
+            format!("[objects]\nmembers = [\"{a}\"]\nmax_clock_skew_ms = 2500\n"),
+        )
+        .unwrap();
+        let mut flags = args(Some(path.clone()));
+        flags.members.push(b);
+        let settings = Settings::load(&flags).unwrap();
+        assert_eq!(settings.members, vec![a, b]);
+        assert_eq!(settings.objects.max_clock_skew, Duration::from_millis(2500));
+        std::fs::write(&path, "[objects]\nmembers = [\"nobody\"]\n").unwrap();
+        let error = format!("{:#}", Settings::load(&args(Some(path))).unwrap_err());
+        assert!(error.contains("[objects] members"), "{error}");
     }
 
     #[test]

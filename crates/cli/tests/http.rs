@@ -100,11 +100,19 @@ struct Member {
 struct Cluster {
     _dir: tempfile::TempDir,
     config: PathBuf,
+    /// The nodes; the last `outsiders` are not members of the others' cluster.
     members: Vec<Member>,
+    outsiders: usize,
 }
 
 impl Cluster {
     fn start(nodes: usize) -> Self {
+        Self::start_with(nodes, 0)
+    }
+
+    /// `nodes` nodes, every pair connected; the last `outsiders` of them are members of no one's
+    /// cluster but their own.
+    fn start_with(nodes: usize, outsiders: usize) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("node.toml");
         std::fs::write(
@@ -137,6 +145,7 @@ impl Cluster {
             _dir: dir,
             config,
             members,
+            outsiders,
         };
         for index in 0..nodes {
             cluster.spawn(index);
@@ -155,6 +164,15 @@ impl Cluster {
             .filter(|(other, _)| *other != index)
             .map(|(_, m)| format!("{}@{}", m.id, m.udp))
             .collect();
+        // Members list the other members; an outsider lists everyone, and is listed by no one.
+        let insiders = self.members.len() - self.outsiders;
+        let listed: Vec<String> = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(other, _)| *other != index && (*other < insiders || index >= insiders))
+            .map(|(_, m)| m.id.clone())
+            .collect();
         let member = &self.members[index];
         let mut command = Command::new(BIN);
         command
@@ -172,6 +190,9 @@ impl Cluster {
             .stderr(Stdio::null());
         for peer in peers {
             command.arg("--peer").arg(peer);
+        }
+        for id in listed {
+            command.arg("--member").arg(id);
         }
         let child = command.spawn().unwrap();
         self.members[index].child = Some(child);
@@ -368,6 +389,104 @@ fn write_read_bad_requests_and_a_stopped_replica() {
     let body = assert_error(&unavailable, 503, "quorum_not_reached");
     assert_eq!(body["needed"], 2);
     assert_eq!(body["reached"], 1);
+    // A write that cannot reach W says its outcome is unknown: the one replica that stored it keeps it.
+    let unconfirmed = http(cluster.http(0), "PUT", "/objects/wallet-0003", &content).unwrap();
+    let body = assert_error(&unconfirmed, 503, "quorum_not_reached");
+    assert_eq!(body["outcome"], "unknown");
+    assert_eq!(
+        (body["needed"].as_u64(), body["reached"].as_u64()),
+        (Some(2), Some(1))
+    );
+}
+
+#[test]
+fn a_single_node_with_defaults_accepts_a_put_and_reads_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let address = free_tcp();
+    let mut child = Command::new(BIN)
+        .arg("node")
+        .arg("--data-dir")
+        .arg(dir.path().join("alone"))
+        .arg("--listen")
+        .arg(free_udp().to_string())
+        .arg("--http")
+        .arg(address.to_string())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(eventually(
+        || http(address, "GET", "/status", b"").is_ok_and(|r| r.status == 200)
+    ));
+    let put = http(address, "PUT", "/objects/alone", b"one node").unwrap();
+    assert_eq!(put.status, 201, "{:?}", String::from_utf8_lossy(&put.body));
+    let written = put.json();
+    assert_eq!(
+        (written["acks"].as_u64(), written["replicas"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let got = http(address, "GET", "/objects/alone", b"").unwrap();
+    assert_eq!((got.status, got.body), (200, b"one node".to_vec()));
+    let _ = child.kill();
+    let mut log = String::new();
+    if let Some(mut stderr) = child.stderr.take() {
+        let _ = stderr.read_to_string(&mut log);
+    }
+    let _ = child.wait();
+    assert!(
+        log.contains("cluster of one"),
+        "the node did not say so: {log}"
+    );
+}
+
+#[test]
+fn an_unlisted_node_cannot_change_any_members_copy() {
+    let cluster = Cluster::start_with(4, 1);
+    let outsider = 3;
+    let owner = wallet(3, 1024);
+    let put = http(cluster.http(0), "PUT", "/objects/deed", &owner).unwrap();
+    assert_eq!(put.status, 201, "{:?}", String::from_utf8_lossy(&put.body));
+    for index in 0..3 {
+        assert!(eventually(
+            || cluster.local_body(index, "deed") == Some(owner.clone())
+        ));
+    }
+    // The outsider is connected to every member, yet its write reaches none of them.
+    let forged = http(
+        cluster.http(outsider),
+        "PUT",
+        "/objects/deed",
+        &wallet(4, 1024),
+    )
+    .unwrap();
+    let body = assert_error(&forged, 503, "quorum_not_reached");
+    assert_eq!(body["outcome"], "unknown");
+    for index in 0..3 {
+        assert_eq!(cluster.local_body(index, "deed"), Some(owner.clone()));
+        let status = http(cluster.http(index), "GET", "/status", b"")
+            .unwrap()
+            .json();
+        assert_eq!(
+            status["members"].as_array().map(Vec::len),
+            Some(3),
+            "{status}"
+        );
+        assert_eq!(
+            status["peers"].as_array().map(Vec::len),
+            Some(3),
+            "{status}"
+        );
+    }
+    let refused = (0..3).any(|index| {
+        let metrics = http(cluster.http(index), "GET", "/metrics", b"").unwrap();
+        String::from_utf8_lossy(&metrics.body)
+            .contains("meshwire_object_refused_requests_total{reason=\"not_member\"}")
+    });
+    assert!(refused, "no member counted the refusal");
+    // Reads through members never ask it.
+    let got = http(cluster.http(1), "GET", "/objects/deed", b"").unwrap();
+    assert_eq!((got.status, got.body), (200, owner));
 }
 
 #[test]

@@ -33,6 +33,8 @@ pub const SESSION_RELAY: ProtocolId = ProtocolId(0x6d77_7201);
 pub const OBJECT_FETCH: ProtocolId = ProtocolId(0x6f62_0001);
 /// Requests to store a copy of an object (`meshwire-objects`), "ob\0\x02".
 pub const OBJECT_STORE: ProtocolId = ProtocolId(0x6f62_0002);
+/// Two-phase conditional writes of an object (`meshwire-objects`), "ob\0\x03".
+pub const OBJECT_CAS: ProtocolId = ProtocolId(0x6f62_0003);
 /// Batches of a [`crate::pipeline`], "PIPE".
 pub const PIPELINE: ProtocolId = ProtocolId(0x5049_5045);
 /// Round-trip probes of a [`crate::pipeline`], "PING".
@@ -69,6 +71,7 @@ mod tests {
             SESSION_RELAY,
             OBJECT_FETCH,
             OBJECT_STORE,
+            OBJECT_CAS,
             PIPELINE,
             PIPELINE_PING,
         ];

@@ -3,12 +3,14 @@
 //! # Design
 //!
 //! `meshwire node` stores versioned objects, replicates them over its peers and serves them over HTTP.
-//! Code: the sans-IO part is [`proto::object`] (placement, node-to-node messages, merge) and
-//! [`proto::quorum`]: `quorum/scores.rs` ranks peers; `quorum/plan.rs` runs one request and keeps the
+//! Code: the sans-IO part is [`proto::object`] (placement, node-to-node messages, merge),
+//! [`proto::clock`] (the hybrid logical clock versions come from) and [`proto::quorum`]: `quorum/scores.rs` ranks peers; `quorum/plan.rs` runs one request and keeps the
 //! driver's bookkeeping (`on_answer`, `on_failure` and `cancel_pending` update the peer scores with
 //! the injected `now`); `quorum/policy/{sequential,parallel_all,hedged}.rs` hold one policy each,
-//! behind a `Spread` trait. Behind the `net` feature: `net/service.rs` (replication, read repair)
-//! with its driver `net/service/drive.rs`, which only sends, awaits and reads the clock;
+//! behind a `Spread` trait. Behind the `net` feature: `net/service.rs` (membership, writes),
+//! `net/service/read.rs` (quorum reads, read repair), `net/service/serve.rs` (answering and refusing
+//! other nodes' requests), with the driver `net/service/drive.rs`, which only sends, awaits and
+//! reads the clock;
 //! `net/store.rs` (redb); `net/http.rs` (axum); and `net/daemon.rs`: `Daemon::builder(config)`
 //! assembles the identity, node, store (`objects.redb` in the data directory, or in memory),
 //! object service and optional HTTP API once, and has one `shutdown()`. `meshwire node`,
@@ -17,10 +19,50 @@
 //! ## Model
 //!
 //! - An object is `(key, version, SHA-256 of content, content)`. Keys: 1-256 bytes of `[A-Za-z0-9._-]`.
-//! - Replicas: the R heaviest of the node and its known peers under rendezvous hashing
-//!   (`SHA-256(key ‖ peer id)`), so every node computes the same set.
-//! - Write (`PUT`): version = `max(held version + 1, Unix time in ms)`; sent to all R replicas at once,
-//!   returns at W acks; the remaining replicas finish in the background.
+//! - Members: the cluster is the configured `members` plus this node, which is always a member of
+//!   its own cluster (listing it changes nothing). With no members a node is a cluster of one
+//!   (`meshwire node` warns so at start). Objects are placed on, replicated to, fetched from and repaired from members
+//!   only. A connected non-member may use every other protocol, but never enters placement, and
+//!   its `STORE`, `FETCH` and conditional-write requests get a typed refusal (`not_member`), counted in
+//!   `meshwire_object_refused_requests_total{reason}` and logged at warn with its PeerId.
+//! - Replicas: the R heaviest members under rendezvous hashing (`SHA-256(key ‖ peer id)`), connected
+//!   or not, so every member with the same list computes the same set, and placement changes only
+//!   when the list does (then the keys whose heaviest members changed move).
+//! - Versions: hybrid logical clock timestamps ([`proto::clock`]): Unix milliseconds << 16 plus a
+//!   counter, carried (as the sender's clock) on every object message and observed on receipt. A
+//!   clock or version more than `max_clock_skew` ahead of the receiver's physical clock, or equal to
+//!   `u64::MAX`, is refused (`clock_skew`, `version_limit`) without moving the receiver's clock: a
+//!   node whose clock runs ahead cannot plant a version that freezes a key. Replica answers pass
+//!   the same check on the asking side (`meshwire_object_refused_answers_total{reason}`); a refused
+//!   answer counts as that replica's failure.
+//!   Upgrading: versions stored before hybrid clocks (plain Unix milliseconds) read as timestamps
+//!   from 1970 and lose to any new write; nodes of the earlier message format cannot exchange
+//!   objects with these (their messages do not decode and are refused as malformed).
+//! - Quorums: a key has `min(R, cluster size)` replicas, and W and the read quorum are both clamped
+//!   to that number (a lone node writes and reads with a quorum of 1). The settings must still
+//!   satisfy `1 <= W <= R` and `1 <= read quorum <= R`, or the node refuses to start.
+//! - Write (`PUT`): version = a tick of this node's hybrid clock after observing the version it
+//!   holds (unless that one is beyond the skew), so a later write through any member wins and a
+//!   rewrite through the same node advances. Sent to all replicas at once. A replica **acks only
+//!   when it now holds exactly this version and hash**, after a durable commit; one that holds a
+//!   winning copy (newer version, or the same version with a smaller hash) answers *superseded*,
+//!   which is not an ack. **`201` means durable on W replicas.** The remaining replicas finish in
+//!   the background. **`503 quorum_not_reached` on a write means the outcome is unknown**: fewer than
+//!   W acks arrived by the deadline, but replicas that stored the copy keep it, so it may still be
+//!   read later (Dynamo's semantics: retry with the same content, or read to find out).
+//! - Compare-and-set (`PUT` with `If-Match` / `If-None-Match: *`, [`proto::cas`]): two phases.
+//!   Every replica is asked to *prepare* (check the precondition against its store, and hold the
+//!   copy unless another conditional write is pending on the key); at W prepares every replica is
+//!   asked to *commit* (apply the held copy if the precondition still holds, in one store
+//!   transaction), and `201` comes at W commits. Short of W prepares, every replica is told to
+//!   *abort*, and nothing was written: `412` if a replica's copy did not match, `409` if only
+//!   other pending writes were in the way. Since one replica holds one pending write per key and
+//!   W is a majority of the replicas in the default settings, two conditional writes on the same
+//!   ETag cannot both succeed: concurrent increments through three nodes end at exactly the number
+//!   of `201`s (`tests/cas.rs`). A replica holds at most 64 MiB of prepared content (more is
+//!   answered busy) for at most twice the deadline. Limits: safety needs `W > R / 2`; a coordinator that stalls
+//!   longer than twice the deadline between prepare and commit loses its prepares (they expire);
+//!   an unconditional write to the same key in between makes the commit fail on that replica.
 //! - Read (`GET`): a quorum plan asks replicas for version and hash, returns at the read quorum, merges
 //!   (highest version, then summed trust = 1 − error rate, then most holders, then smallest hash), takes
 //!   the content from the local store or a holder of the winner (hash checked), and repairs replicas that
@@ -39,30 +81,38 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `PUT /objects/{key}` (body = content) | `201` `{"key","version","hash","acks","replicas"}` |
-//! | `GET /objects/{key}` | `200` content, streamed in 64 KiB chunks; headers `ETag` (hash), `x-meshwire-version`, `x-meshwire-answers` |
+//! | `PUT /objects/{key}` (body = content) | `201` `{"key","version","hash","etag","acks","replicas"}` |
+//! | `PUT /objects/{key}` with `If-Match: "<etag>"` or `If-None-Match: *` | compare-and-set: `201` only if the current copy is exactly that ETag (or absent); else `412`, or `409` when another conditional write on the key is in progress |
+//! | `GET /objects/{key}` | `200` content, streamed in 64 KiB chunks; headers `ETag` (`"<version>-<SHA-256 hex>"`), `x-meshwire-version`, `x-meshwire-answers` |
 //! | `GET /objects/{key}?local=true` or header `x-meshwire-read: local` | this node's copy only |
-//! | `GET /status` | peer id, peers (connected, RTT, queued messages/bytes, latency estimate, error rate), store size, quorum settings |
+//! | `GET /status` | peer id, peers (connected, RTT, queued messages/bytes, latency estimate, error rate), store size, quorum settings, `members` (the cluster, this node included), `max_clock_skew_ms` |
 //! | `GET /peers` | the peers list of `/status` |
-//! | `GET /metrics` | Prometheus text (node metrics plus `meshwire_object_reads_total{outcome}`, `meshwire_object_writes_total{outcome}`, `meshwire_object_read_repairs_total`, `meshwire_object_read_requests_total`) |
+//! | `GET /metrics` | Prometheus text (node metrics plus `meshwire_object_reads_total{outcome}`, `meshwire_object_writes_total{outcome}` (`ok`, `quorum_not_reached`, `precondition_failed`, `conflict`, `error`), `meshwire_object_read_repairs_total`, `meshwire_object_read_requests_total`, `meshwire_object_refused_requests_total{reason}`, `meshwire_object_refused_answers_total{reason}` with reasons `not_member`, `clock_skew`, `version_limit`) |
 //!
 //! Errors are JSON `{"error": CODE, "message": TEXT, ...}`:
 //!
 //! | status | `error` | when | extra fields |
 //! |---|---|---|---|
 //! | 400 | `invalid_key` | key empty, too long, bad characters, `.` or `..` | |
+//! | 400 | `invalid_precondition` | `If-Match` is not one ETag of this API (`*` and weak tags included), `If-None-Match` is not `*`, or both are present | |
+//! | 412 | `precondition_failed` | a conditional write: a replica's current copy does not match; nothing was written | `current_etag` (newest reported, or null) |
+//! | 409 | `conflict` | a conditional write: other conditional writes on the key held too many replicas; nothing was written, retry | `needed`, `prepared` |
 //! | 413 | `too_large` | body over `max_object_bytes` | `max_bytes` |
 //! | 404 | `not_found` | no replica (or, local read, this node) holds the key | |
 //! | 404 | `no_route` | any other path | |
-//! | 503 | `quorum_not_reached` | fewer replicas answered or acked than the quorum before the deadline | `needed`, `reached`, `asked` |
+//! | 503 | `quorum_not_reached` | a read: fewer replicas answered than the read quorum before the deadline | `needed`, `reached`, `asked` |
+//! | 503 | `quorum_not_reached` | a write: fewer than W acks (for a conditional write: commits) before the deadline; the write may still apply | `needed`, `reached` (acks), `asked`, `superseded` (replicas holding a winning copy), `outcome: "unknown"` |
+//! | 503 | `quorum_not_reached` | a conditional write: fewer than W replicas prepared before the deadline; nothing was written | `needed`, `reached`, `asked`, `outcome: "not_applied"` |
 //! | 502 | `content_unavailable` | the quorum agreed on a copy but no holder delivered its content | |
 //! | 500 | `store_error` | the local store failed or holds a corrupt record | |
+//! | 500 | `clock_exhausted` | this node's hybrid clock reached `u64::MAX - 1` and cannot version a write | |
 //!
 //! Connections are HTTP/1.1 keep-alive (hyper's default).
 //!
 //! ## Settings
 //!
-//! Flag `--http ADDR` (default `127.0.0.1:7780`) or `http_listen` in the config file, and:
+//! Flags `--http ADDR` (default `127.0.0.1:7780`) or `http_listen` in the config file,
+//! `--member PEERID` (repeatable, adds to `members`), and:
 //!
 //! ```toml
 //! [objects]
@@ -72,6 +122,8 @@
 //! read_policy = "hedged"  # sequential | parallel-all | hedged
 //! max_object_bytes = 8388608
 //! deadline_ms = 5000      # whole read or write
+//! max_clock_skew_ms = 5000  # refuse peers' clocks and versions further ahead than this
+//! members = ["<peer id>", "<peer id>"]  # the object cluster besides this node; none = a cluster of one
 //! ```
 //!
 //! ## Measured

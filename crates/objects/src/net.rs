@@ -6,5 +6,8 @@ pub mod service;
 pub mod store;
 
 pub use daemon::{Daemon, DaemonBuilder, DaemonError};
-pub use service::{ObjectConfig, ObjectService, ObjectServiceError, ReplicaError};
+pub use service::{
+    ObjectConfig, ObjectService, ObjectServiceError, PhysicalClock, ReplicaError, ServiceOptions,
+    SystemClock, WriteOutcome,
+};
 pub use store::{Store, StoreError, StoredObject};

@@ -1,4 +1,6 @@
-//! The sans-IO object protocol: messages, placement and merging of copies, and quorum plans.
+//! The sans-IO object protocol: hybrid clocks, messages, conditional writes, placement and merging of copies, and quorum plans.
 
+pub mod cas;
+pub mod clock;
 pub mod object;
 pub mod quorum;

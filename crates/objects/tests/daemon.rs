@@ -28,11 +28,16 @@ async fn start(objects: ObjectConfig, data_dir: Option<&Path>) -> Result<Daemon,
     builder.bind(loopback(), |_| {}).await
 }
 
-/// Three daemons with the default settings (R = 3, W = 2, read quorum 2), every pair connected.
+/// Three daemons with the default settings (R = 3, W = 2, read quorum 2), members of one
+/// cluster, every pair connected.
 async fn cluster() -> Vec<Daemon> {
     let mut daemons = Vec::new();
     for _ in 0..3 {
         daemons.push(start(ObjectConfig::default(), None).await.unwrap());
+    }
+    let ids: Vec<_> = daemons.iter().map(|d| d.node().peer_id()).collect();
+    for daemon in &daemons {
+        daemon.service().set_members(ids.iter().copied());
     }
     for (index, daemon) in daemons.iter().enumerate() {
         for other in &daemons[index + 1..] {
@@ -171,7 +176,7 @@ async fn malformed_requests_are_refused_with_typed_errors() {
         version: 7,
         hash: content_hash(b"the real content"),
     };
-    let mut message = object::encode_store_header("forged", &forged);
+    let mut message = object::encode_store_header(1, "forged", &forged);
     message.extend_from_slice(b"something else");
     let refused = asker
         .request(target, STORE, Bytes::from(message), REQUEST_DEADLINE)

@@ -28,7 +28,7 @@ use bytes::Bytes;
 use meshwire::protocols::OBJECT_FETCH;
 use meshwire::PeerId;
 use meshwire_objects::net::{Daemon, ObjectConfig};
-use meshwire_objects::proto::object::{content_hash, FetchMode, Stamp};
+use meshwire_objects::proto::object::{content_hash, decode_fetch, FetchMode, Stamp};
 use meshwire_objects::proto::quorum::{Policy, QuorumConfig};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
@@ -237,11 +237,19 @@ pub fn run(
         version: 1,
         hash: content_hash(&content),
     };
+    // Every server and the client form one object cluster: servers answer only members.
+    let members: Vec<PeerId> = names
+        .iter()
+        .map(|name| lab.peer_id(name))
+        .chain(std::iter::once(lab.peer_id("client")))
+        .collect();
     for (index, name) in names.iter().enumerate() {
         let kind = health[index];
         let content = content.clone();
+        let members = members.clone();
         lab.host(name, move |context| {
             let content = content.clone();
+            let members = members.clone();
             async move {
                 if kind == Health::Dead {
                     // Never starts a node: dials to it get no answer.
@@ -250,6 +258,7 @@ pub fn run(
                 let (node, _) = context.start_node(context.node_config()).await?;
                 let daemon = Daemon::builder(ObjectConfig::default())
                     .cache_bytes(0)
+                    .members(members)
                     .start(node.clone())
                     .await?;
                 let service = daemon.service().clone();
@@ -262,17 +271,17 @@ pub fn run(
                 let seed = context.seed;
                 // Fetches are served here instead, after each host's service time.
                 node.stop_handling(OBJECT_FETCH);
-                node.handle(OBJECT_FETCH, move |_, body: Bytes| {
+                node.handle(OBJECT_FETCH, move |peer, body: Bytes| {
                     let service = service.clone();
                     let delay = match kind {
                         Health::Slow => Duration::from_millis(slow_ms),
-                        _ => std::str::from_utf8(body.get(1..).unwrap_or_default())
-                            .map(|key| service_time(seed, &name, key, service_max))
+                        _ => decode_fetch(&body)
+                            .map(|request| service_time(seed, &name, request.key, service_max))
                             .unwrap_or_default(),
                     };
                     async move {
                         tokio::time::sleep(delay).await;
-                        service.serve_fetch(&body)
+                        service.serve_fetch(peer, &body)
                     }
                 })?;
                 std::future::pending::<()>().await;
@@ -316,6 +325,7 @@ pub fn run(
         let (node, _) = context.start_node(context.node_config()).await?;
         let daemon = Daemon::builder(ObjectConfig::default())
             .cache_bytes(0)
+            .members(client_ids.iter().copied())
             .seed(derive_seed(context.seed, "client", 9))
             .start(node.clone())
             .await?;

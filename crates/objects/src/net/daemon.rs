@@ -17,13 +17,16 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use meshwire::{IdentityError, Keypair, Node, NodeConfig, NodeError};
+use meshwire::{IdentityError, Keypair, Node, NodeConfig, NodeError, PeerId};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::service::{ObjectConfig, ObjectService, ObjectServiceError};
+use super::service::{
+    ObjectConfig, ObjectService, ObjectServiceError, PhysicalClock, ServiceOptions,
+};
 use super::store::{Store, StoreError, DEFAULT_CACHE_BYTES};
 
 /// The store's file in a data directory.
@@ -86,17 +89,31 @@ pub enum DaemonError {
 }
 
 /// How to assemble a [`Daemon`]. Without further settings: a fresh identity, an in-memory store,
-/// no HTTP API, an exploration RNG seeded from the OS.
+/// no HTTP API, no other members (a cluster of one), the system clock, an exploration RNG seeded
+/// from the OS.
 #[derive(Debug, Clone)]
 pub struct DaemonBuilder {
     objects: ObjectConfig,
     data_dir: Option<PathBuf>,
     cache_bytes: usize,
     http: Option<SocketAddr>,
-    seed: Option<u64>,
+    options: ServiceOptions,
 }
 
 impl DaemonBuilder {
+    /// The other members of the object cluster (see [`ObjectService::set_members`]); without
+    /// any, the daemon is a cluster of one.
+    pub fn members(mut self, members: impl IntoIterator<Item = PeerId>) -> Self {
+        self.options.members = members.into_iter().collect();
+        self
+    }
+
+    /// The physical clock versions are built on (default: the system's wall clock).
+    pub fn physical_clock(mut self, clock: Arc<dyn PhysicalClock>) -> Self {
+        self.options.clock = clock;
+        self
+    }
+
     /// Keep the identity (when binding) and the store (`objects.redb`) in `dir`, created if needed.
     pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.data_dir = Some(dir.into());
@@ -117,7 +134,7 @@ impl DaemonBuilder {
 
     /// Seed the object service's exploration RNG, so runs repeat exactly.
     pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
+        self.options.seed = Some(seed);
         self
     }
 
@@ -162,7 +179,7 @@ impl DaemonBuilder {
             }
             None => Store::in_memory(self.cache_bytes).map_err(DaemonError::MemoryStore)?,
         };
-        let service = ObjectService::new(node, store, self.objects, self.seed)?;
+        let service = ObjectService::new(node, store, self.objects, self.options)?;
         let http = match self.http {
             Some(address) => Some(HttpServer::start(address, service.clone()).await?),
             None => None,
@@ -226,7 +243,7 @@ impl Daemon {
             data_dir: None,
             cache_bytes: DEFAULT_CACHE_BYTES,
             http: None,
-            seed: None,
+            options: ServiceOptions::default(),
         }
     }
 

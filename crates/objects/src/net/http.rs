@@ -4,15 +4,17 @@
 //!
 //! | route | answer |
 //! | --- | --- |
-//! | `PUT /objects/{key}` | `201` JSON `{key, version, hash, acks, replicas}` once W replicas hold it |
+//! | `PUT /objects/{key}` | `201` JSON `{key, version, hash, etag, acks, replicas}` once W replicas hold it; with `If-Match: "<etag>"` or `If-None-Match: *`, only if the current copy matches (`412`, `409` otherwise) |
 //! | `GET /objects/{key}` | `200`, the content (streamed in 64 KiB chunks), quorum read; `?local=true` or header `x-meshwire-read: local` reads this node's store only |
 //! | `GET /status` | JSON: peer id, peers with RTTs and queue depths, store size |
 //! | `GET /peers` | JSON list of peers |
 //! | `GET /metrics` | Prometheus text |
 //!
 //! Errors are JSON `{"error": code, "message": text, ...}` with these statuses: `400 invalid_key`,
+//! `400 invalid_precondition`, `412 precondition_failed` (with `current_etag`), `409 conflict`,
 //! `413 too_large` (with `max_bytes`), `404 not_found`, `404 no_route`, `503 quorum_not_reached`
-//! (with `needed`, `reached`, `asked`), `502 content_unavailable`, `500 store_error`.
+//! (with `needed`, `reached`, `asked`; a write adds `superseded` and `outcome: "unknown"`),
+//! `502 content_unavailable`, `500 store_error`, `500 clock_exhausted`.
 //! Connections are HTTP/1.1 keep-alive.
 
 use std::convert::Infallible;
@@ -29,6 +31,7 @@ use serde_json::json;
 
 use super::service::{ObjectService, ObjectServiceError};
 use super::store::StoredObject;
+use crate::proto::cas::{etag, parse_precondition};
 
 /// Size of the chunks a response body is streamed in.
 pub const CHUNK_BYTES: usize = 64 * 1024;
@@ -90,9 +93,56 @@ impl IntoResponse for ObjectServiceError {
                 message,
                 json!({ "needed": needed, "reached": reached, "asked": asked }),
             ),
+            Self::WriteUnconfirmed {
+                needed,
+                acks,
+                asked,
+                superseded,
+            } => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "quorum_not_reached",
+                message,
+                json!({ "needed": needed, "reached": acks, "asked": asked,
+                        "superseded": superseded, "outcome": "unknown" }),
+            ),
+            Self::InvalidPrecondition(_) => error(
+                StatusCode::BAD_REQUEST,
+                "invalid_precondition",
+                message,
+                json!({}),
+            ),
+            Self::PreconditionFailed { current } => error(
+                StatusCode::PRECONDITION_FAILED,
+                "precondition_failed",
+                message,
+                json!({ "current_etag": current.as_ref().map(etag) }),
+            ),
+            Self::Conflict { needed, prepared } => error(
+                StatusCode::CONFLICT,
+                "conflict",
+                message,
+                json!({ "needed": needed, "prepared": prepared }),
+            ),
+            Self::NotApplied {
+                needed,
+                prepared,
+                asked,
+            } => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "quorum_not_reached",
+                message,
+                json!({ "needed": needed, "reached": prepared, "asked": asked,
+                        "outcome": "not_applied" }),
+            ),
             Self::ContentUnavailable => error(
                 StatusCode::BAD_GATEWAY,
                 "content_unavailable",
+                message,
+                json!({}),
+            ),
+            Self::Clock(_) => error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "clock_exhausted",
                 message,
                 json!({}),
             ),
@@ -120,6 +170,7 @@ struct Written {
     key: String,
     version: u64,
     hash: String,
+    etag: String,
     acks: usize,
     replicas: usize,
 }
@@ -143,13 +194,23 @@ async fn put_object(
     let content = axum::body::to_bytes(body, max)
         .await
         .map_err(|_| ObjectServiceError::TooLarge { len: max + 1, max })?;
-    let outcome = service.put(&key, content).await?;
+    let precondition = parse_precondition(
+        headers.get(header::IF_MATCH).map(HeaderValue::as_bytes),
+        headers
+            .get(header::IF_NONE_MATCH)
+            .map(HeaderValue::as_bytes),
+    )?;
+    let outcome = match precondition {
+        Some(precondition) => service.put_if(&key, content, precondition).await?,
+        None => service.put(&key, content).await?,
+    };
     Ok((
         StatusCode::CREATED,
         Json(Written {
             key,
             version: outcome.stamp.version,
             hash: hex(&outcome.stamp.hash),
+            etag: etag(&outcome.stamp),
             acks: outcome.acks,
             replicas: outcome.replicas,
         }),
@@ -190,7 +251,7 @@ fn object_response(object: StoredObject, answers: Option<usize>) -> Response {
         HeaderValue::from_static("application/octet-stream"),
     );
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    if let Ok(etag) = HeaderValue::from_str(&format!("\"{}\"", hex(&object.stamp.hash))) {
+    if let Ok(etag) = HeaderValue::from_str(&etag(&object.stamp)) {
         headers.insert(header::ETAG, etag);
     }
     headers.insert(
@@ -254,6 +315,8 @@ async fn status(
         "write_quorum": config.write_quorum,
         "read_quorum": config.read_quorum,
         "read_policy": config.read_policy.name(),
+        "members": service.members().iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "max_clock_skew_ms": config.max_clock_skew.as_millis() as u64,
     })))
 }
 

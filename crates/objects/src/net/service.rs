@@ -1,36 +1,55 @@
-//! Replicate versioned objects over a node's peers: writes to R replicas that succeed at W acks,
-//! reads that return at quorum, merge copies, and repair stale replicas in the background.
+//! Replicate versioned objects over the members of a cluster: writes to R replicas that succeed
+//! at W acks, reads that return at quorum, merge copies, and repair stale replicas in the background.
 //!
 //! # Design
 //!
-//! Replicas of a key are the R heaviest of this node and its known peers under rendezvous hashing
-//! ([`crate::proto::object::replicas_for`]). This node may be one of them; it then answers itself
-//! from its store, through the same plan as the remote replicas.
+//! **Members.** The cluster is the configured member list plus this node (a node is always a member
+//! of its own cluster; with no members configured it is a cluster of one, and `meshwire node` says
+//! so at start).
+//! Replicas of a key are the R heaviest members under rendezvous hashing
+//! ([`crate::proto::object::replicas_for`]), connected or not, so placement changes only when the
+//! member list does ([`ObjectService::set_members`]), never when a connection comes or goes. A
+//! connected non-member never enters placement, and its object requests are refused (see
+//! `service/serve.rs`). This node may be a replica; it then answers itself from its store, through
+//! the same plan as the remote replicas.
 //!
-//! - **Write** (`put`): the version is a hybrid clock, `max(held version + 1, Unix time in ms)`, so
-//!   a later write through any node wins and a rewrite through the same node always advances. All R
-//!   replicas are asked at once; the write succeeds as soon as W of them hold the version (or a
-//!   newer one). Requests still in flight then finish in the background, so every live replica
-//!   ends up with the copy.
-//! - **Read** (`get`): a [`QuorumPlan`](crate::proto::quorum::QuorumPlan) (policy from the configuration, hedged by default) asks
-//!   replicas for *metadata* (version and hash) and returns at quorum. The copies are merged
-//!   ([`merge`]: version, then trust = 1 − error rate, then holders). The content comes from this
-//!   node's store when it holds the winner, else from one of the winner's holders (and the hash is
-//!   checked). Replicas that answered with an older copy or none are repaired in the background.
+//! **Quorums.** A key has `min(R, cluster size)` replicas; the write quorum W and the read quorum
+//! are both clamped to that number, the same way, so a cluster of one writes and reads with a
+//! quorum of one (`201` with `acks: 1, replicas: 1`).
+//!
+//! - **Write** (`put`): the version is a tick of this node's hybrid logical clock
+//!   ([`crate::proto::clock`]), after it observed the version it holds, so a later write through
+//!   any member wins and a rewrite through the same node always advances. All replicas are asked
+//!   at once; an ack means the replica now holds exactly this version and hash. A replica holding
+//!   a winning copy answers *superseded*, which is not an ack. The write succeeds as soon as W
+//!   replicas acked, each after a durable commit: `201` means durable on W replicas. Requests
+//!   still in flight then finish in the background, so every live replica ends up with the copy.
+//!   Fewer than W acks by the deadline is [`ObjectServiceError::WriteUnconfirmed`]: the outcome is
+//!   unknown, since the replicas that got the copy keep it and a later read may return it.
+//! - **Read** (`get`): a [`QuorumPlan`](crate::proto::quorum::QuorumPlan) (policy from the
+//!   configuration, hedged by default) asks replicas for *metadata* (version and hash) and returns
+//!   at quorum. An answer whose clock or version is beyond the accepted skew counts as that
+//!   replica's failure, never as a copy. The copies are merged ([`merge`](crate::proto::object::merge): version, then trust =
+//!   1 − error rate, then holders). The content comes from this node's store when it holds the
+//!   winner, else from one of the winner's holders (and the hash is checked). Replicas that
+//!   answered with an older copy or none are repaired in the background.
 //!
 //! Each request has a deadline covering the whole exchange; no read ever waits on a peer beyond it.
 //! The node-to-node messages are in [`crate::proto::object`].
 
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use crate::proto::clock::{ClockError, HybridClock};
 use crate::proto::object::{
-    self, content_hash, decode_fetched, decode_stored, merge, FetchMode, Fetched, ObjectError,
-    Stamp, Vote,
+    self, content_hash, decode_fetched, decode_stored, FetchMode, Fetched, ObjectError, Stamp,
+    Stored,
 };
 use crate::proto::quorum::{Outcome, PeerScores, Policy, QuorumConfig, QuorumError, ScoreConfig};
 use bytes::Bytes;
-use meshwire::protocols::{OBJECT_FETCH as FETCH, OBJECT_STORE as STORE};
+use meshwire::protocols::{OBJECT_CAS as CAS, OBJECT_FETCH as FETCH, OBJECT_STORE as STORE};
 use meshwire::{HandlerError, Node, PeerId, SubscribeError};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -40,7 +59,10 @@ use rand::SeedableRng;
 
 use super::store::{Store, StoreError, StoredObject};
 
+mod cas;
 mod drive;
+mod read;
+mod serve;
 
 pub use drive::ReplicaError;
 use drive::{drive, now, Leftover};
@@ -62,6 +84,8 @@ pub struct ObjectConfig {
     pub attempt_timeout: Duration,
     /// Largest object content, in bytes.
     pub max_object_bytes: usize,
+    /// How far ahead of this node's clock a peer's clock or version may be before it is refused.
+    pub max_clock_skew: Duration,
     /// Peer ranking settings.
     pub scores: ScoreConfig,
 }
@@ -76,8 +100,27 @@ impl Default for ObjectConfig {
             deadline: Duration::from_secs(5),
             attempt_timeout: Duration::from_secs(2),
             max_object_bytes: 8 * 1024 * 1024,
+            max_clock_skew: Duration::from_secs(5),
             scores: ScoreConfig::default(),
         }
+    }
+}
+
+/// The physical clock versions are built on: Unix time in milliseconds.
+pub trait PhysicalClock: std::fmt::Debug + Send + Sync {
+    /// Milliseconds since the Unix epoch.
+    fn now_ms(&self) -> u64;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl PhysicalClock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }
 }
 
@@ -99,19 +142,66 @@ pub enum ObjectServiceError {
     /// No replica holds the key.
     #[error("no such object")]
     NotFound,
-    /// Fewer replicas answered than the quorum needs.
+    /// Fewer replicas answered a read than the quorum needs.
     #[error("quorum not reached: {reached} of {needed} needed ({asked} replicas asked)")]
     QuorumNotReached {
-        /// Answers or acks needed.
+        /// Answers needed.
         needed: usize,
-        /// Answers or acks received.
+        /// Answers received.
         reached: usize,
+        /// Replicas asked.
+        asked: usize,
+    },
+    /// Fewer replicas acked a write than W before the deadline. The outcome is unknown: replicas
+    /// that stored the copy keep it, so it may still be read later.
+    #[error(
+        "write quorum not reached: {acks} of {needed} acks ({asked} replicas asked, \
+         {superseded} superseded); the write may still apply"
+    )]
+    WriteUnconfirmed {
+        /// Acks needed.
+        needed: usize,
+        /// Acks received.
+        acks: usize,
+        /// Replicas asked.
+        asked: usize,
+        /// Replicas that answered they hold a winning copy instead.
+        superseded: usize,
+    },
+    /// An `If-Match` or `If-None-Match` header is not one this API takes.
+    #[error(transparent)]
+    InvalidPrecondition(#[from] crate::proto::cas::PreconditionError),
+    /// A conditional write's precondition does not hold: nothing was written. `current` is the
+    /// newest copy a replica reported (`None`: absent).
+    #[error("precondition failed: the current copy does not match")]
+    PreconditionFailed {
+        /// The newest current copy reported.
+        current: Option<Stamp>,
+    },
+    /// Other conditional writes on the key were pending on too many replicas: nothing was written.
+    #[error("conflict: another conditional write is in progress ({prepared} of {needed} replicas prepared)")]
+    Conflict {
+        /// Prepares needed.
+        needed: usize,
+        /// Prepares received.
+        prepared: usize,
+    },
+    /// Too few replicas prepared a conditional write before the deadline: nothing was written.
+    #[error("write quorum not reached: {prepared} of {needed} replicas prepared ({asked} asked); nothing was written")]
+    NotApplied {
+        /// Prepares needed.
+        needed: usize,
+        /// Prepares received.
+        prepared: usize,
         /// Replicas asked.
         asked: usize,
     },
     /// The quorum agreed on a copy but none of its holders delivered its content in time.
     #[error("no holder of the winning copy delivered it")]
     ContentUnavailable,
+    /// This node's hybrid clock cannot produce a new version.
+    #[error(transparent)]
+    Clock(ClockError),
     /// The local store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -161,12 +251,40 @@ struct OutcomeLabel {
     outcome: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
 #[derive(Debug, Default)]
 struct ObjectMetrics {
     reads: Family<OutcomeLabel, Counter>,
     writes: Family<OutcomeLabel, Counter>,
     repairs: Counter,
     requests_per_read: Counter,
+    refused_requests: Family<ReasonLabel, Counter>,
+    refused_answers: Family<ReasonLabel, Counter>,
+}
+
+/// How a service is started besides its [`ObjectConfig`].
+#[derive(Debug, Clone)]
+pub struct ServiceOptions {
+    /// The other members of the cluster (this node is always one; listing it changes nothing).
+    pub members: Vec<PeerId>,
+    /// Seeds the exploration RNG (`None`: from the OS).
+    pub seed: Option<u64>,
+    /// The physical clock versions are built on.
+    pub clock: Arc<dyn PhysicalClock>,
+}
+
+impl Default for ServiceOptions {
+    fn default() -> Self {
+        Self {
+            members: Vec::new(),
+            seed: None,
+            clock: Arc::new(SystemClock),
+        }
+    }
 }
 
 /// The object service of one node. Clones share it.
@@ -180,6 +298,11 @@ struct Inner {
     node: Node,
     store: Arc<Store>,
     config: ObjectConfig,
+    /// The cluster: the configured members and this node, sorted.
+    members: RwLock<Arc<Vec<PeerId>>>,
+    clock: Mutex<HybridClock>,
+    physical: Arc<dyn PhysicalClock>,
+    pending: Mutex<cas::PendingWrites>,
     scores: Mutex<PeerScores<PeerId>>,
     rng: Mutex<SmallRng>,
     metrics: ObjectMetrics,
@@ -190,13 +313,13 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl ObjectService {
-    /// Serves objects from `store` on `node` and registers the fetch and store handlers and the
-    /// object metrics. `seed` seeds the exploration RNG (`None`: from the OS).
+    /// Serves objects from `store` on `node` among the members in `options`, and registers the
+    /// fetch and store handlers and the object metrics.
     pub fn new(
         node: Node,
         store: Store,
         config: ObjectConfig,
-        seed: Option<u64>,
+        options: ServiceOptions,
     ) -> Result<Self, ObjectServiceError> {
         QuorumConfig {
             policy: config.read_policy,
@@ -209,7 +332,7 @@ impl ObjectService {
         {
             return Err(QuorumError::Invalid("need 1 <= W, read quorum <= R").into());
         }
-        let rng = match seed {
+        let rng = match options.seed {
             Some(seed) => SmallRng::seed_from_u64(seed),
             None => SmallRng::from_os_rng(),
         };
@@ -218,11 +341,16 @@ impl ObjectService {
                 node: node.clone(),
                 store: Arc::new(store),
                 config,
+                members: RwLock::new(Arc::new(Vec::new())),
+                clock: Mutex::new(HybridClock::new(config.max_clock_skew)),
+                physical: options.clock,
+                pending: Mutex::new(cas::PendingWrites::new()),
                 scores: Mutex::new(PeerScores::new(config.scores)),
                 rng: Mutex::new(rng),
                 metrics: ObjectMetrics::default(),
             }),
         };
+        service.set_members(options.members);
         let metrics = &service.inner.metrics;
         node.metrics().register_with(|registry| {
             registry.register(
@@ -245,16 +373,31 @@ impl ObjectService {
                 "Replica requests made by quorum reads",
                 metrics.requests_per_read.clone(),
             );
+            registry.register(
+                "object_refused_requests",
+                "Object requests from peers refused, by reason",
+                metrics.refused_requests.clone(),
+            );
+            registry.register(
+                "object_refused_answers",
+                "Replica answers this node refused or was refused with, by reason",
+                metrics.refused_answers.clone(),
+            );
         });
         // The handlers live in the node; a weak reference keeps them from keeping the node alive.
         let weak = Arc::downgrade(&service.inner);
-        node.handle(FETCH, move |_, body| {
-            let result = upgrade(&weak).and_then(|service| service.serve_fetch(&body));
+        node.handle(FETCH, move |peer, body| {
+            let result = upgrade(&weak).and_then(|service| service.serve_fetch(peer, &body));
             async move { result }
         })?;
         let weak = Arc::downgrade(&service.inner);
-        node.handle(STORE, move |_, body| {
-            let result = upgrade(&weak).and_then(|service| service.serve_store(body));
+        node.handle(STORE, move |peer, body| {
+            let result = upgrade(&weak).and_then(|service| service.serve_store(peer, body));
+            async move { result }
+        })?;
+        let weak = Arc::downgrade(&service.inner);
+        node.handle(CAS, move |peer, body| {
+            let result = upgrade(&weak).and_then(|service| service.serve_cas(peer, body));
             async move { result }
         })?;
         Ok(service)
@@ -285,43 +428,88 @@ impl ObjectService {
         )
     }
 
-    /// Answers a fetch request from the local store.
-    pub fn serve_fetch(&self, body: &[u8]) -> Result<Bytes, HandlerError> {
-        let (mode, key) = object::decode_fetch(body).map_err(malformed)?;
-        let held = self.inner.store.get(key).map_err(handler_error)?;
-        Ok(encode_fetched(mode, held.as_ref()))
-    }
-
-    /// Stores a copy sent by a peer if it wins over the local one; answers the version held.
-    pub fn serve_store(&self, body: Bytes) -> Result<Bytes, HandlerError> {
-        let request =
-            object::decode_store(&body, self.inner.config.max_object_bytes).map_err(malformed)?;
-        let held = self
+    /// Replaces the member list: placement follows the new cluster (`members` plus this node) at
+    /// once, and requests from peers outside it are refused from now on. With no members, this
+    /// node is a cluster of one (`meshwire node` says so at start).
+    pub fn set_members(&self, members: impl IntoIterator<Item = PeerId>) {
+        let me = self.inner.node.peer_id();
+        let cluster: BTreeSet<PeerId> = members.into_iter().chain(std::iter::once(me)).collect();
+        tracing::debug!(members = cluster.len(), "object cluster members set");
+        let cluster = Arc::new(cluster.into_iter().collect());
+        *self
             .inner
-            .store
-            .put(
-                request.key,
-                request.stamp,
-                body.slice(request.content.clone()),
-            )
-            .map_err(handler_error)?;
-        Ok(Bytes::copy_from_slice(&object::encode_stored(held.version)))
+            .members
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = cluster;
     }
 
-    /// This node and its known peers, the population replicas are chosen from.
-    pub fn population(&self) -> Vec<PeerId> {
-        let mut peers: Vec<PeerId> = self.inner.node.peers().iter().map(|p| p.peer).collect();
-        peers.push(self.inner.node.peer_id());
-        peers
+    /// The cluster: the configured members and this node, sorted. Replicas are chosen from it.
+    pub fn members(&self) -> Arc<Vec<PeerId>> {
+        self.inner
+            .members
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
-    /// The replicas of `key`, heaviest first.
+    /// Whether `peer` is a member of this node's cluster.
+    pub fn is_member(&self, peer: PeerId) -> bool {
+        self.members().binary_search(&peer).is_ok()
+    }
+
+    /// The replicas of `key` among the members, heaviest first.
     pub fn replicas(&self, key: &str) -> Vec<PeerId> {
-        let population: Vec<[u8; 32]> = self.population().iter().map(|p| *p.as_bytes()).collect();
+        let population: Vec<[u8; 32]> = self.members().iter().map(|p| *p.as_bytes()).collect();
         object::replicas_for(key, &population, self.inner.config.replication)
             .into_iter()
             .map(PeerId::from_bytes)
             .collect()
+    }
+
+    /// The latest timestamp of this node's hybrid clock.
+    pub fn clock(&self) -> u64 {
+        lock(&self.inner.clock).last()
+    }
+
+    /// A new timestamp of this node's hybrid clock.
+    fn tick(&self) -> Result<u64, ClockError> {
+        let now_ms = self.inner.physical.now_ms();
+        lock(&self.inner.clock).tick(now_ms)
+    }
+
+    /// Accepts the clock of a replica's answer and the version it carries (if any), or counts
+    /// and reports why not.
+    fn accept_answer(
+        &self,
+        peer: PeerId,
+        clock: u64,
+        version: Option<u64>,
+    ) -> Result<(), ReplicaError> {
+        let now_ms = self.inner.physical.now_ms();
+        let result = {
+            let mut hybrid = lock(&self.inner.clock);
+            hybrid
+                .check(clock, now_ms)
+                .and_then(|()| version.map_or(Ok(()), |v| hybrid.check(v, now_ms)))
+                .and_then(|()| version.map_or(Ok(()), |v| hybrid.observe(v, now_ms)))
+                .and_then(|()| hybrid.observe(clock, now_ms))
+        };
+        result.map_err(|error| {
+            let reason = serve::refusal_of(error);
+            self.count_refused_answer(reason);
+            tracing::warn!(%peer, reason = reason.name(), %error, "replica answer refused");
+            ReplicaError::Clock(error)
+        })
+    }
+
+    fn count_refused_answer(&self, reason: object::Refusal) {
+        self.inner
+            .metrics
+            .refused_answers
+            .get_or_create(&ReasonLabel {
+                reason: reason.name(),
+            })
+            .inc();
     }
 
     /// The local copy of `key`, without asking anyone.
@@ -338,22 +526,23 @@ impl ObjectService {
         let result = self.put_inner(key, content).await;
         let label = match &result {
             Ok(_) => "ok",
-            Err(ObjectServiceError::QuorumNotReached { .. }) => "quorum_not_reached",
+            Err(ObjectServiceError::WriteUnconfirmed { .. }) => "quorum_not_reached",
             Err(_) => "error",
         };
-        self.inner
-            .metrics
-            .writes
-            .get_or_create(&OutcomeLabel { outcome: label })
-            .inc();
+        self.count_write(label);
         result
     }
 
-    async fn put_inner(
-        &self,
-        key: &str,
-        content: Bytes,
-    ) -> Result<WriteOutcome, ObjectServiceError> {
+    fn count_write(&self, outcome: &'static str) {
+        self.inner
+            .metrics
+            .writes
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
+    /// Checks a write's key and size.
+    fn check_write(&self, key: &str, content: &Bytes) -> Result<(), ObjectServiceError> {
         object::validate_key(key).map_err(ObjectServiceError::InvalidKey)?;
         let max = self.inner.config.max_object_bytes;
         if content.len() > max {
@@ -362,49 +551,85 @@ impl ObjectService {
                 max,
             });
         }
+        Ok(())
+    }
+
+    /// The version for a new write of `key`: a tick of the hybrid clock after it observed the
+    /// version this node holds and `after` (a conditional write's expected version), unless one
+    /// is beyond the accepted skew (it is then not adopted, and loses).
+    fn next_version(&self, key: &str, after: Option<u64>) -> Result<u64, ObjectServiceError> {
         let held = self.inner.store.stamp(key).unwrap_or(None);
-        let unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now_ms = self.inner.physical.now_ms();
+        let mut hybrid = lock(&self.inner.clock);
+        for version in held.map(|held| held.version).into_iter().chain(after) {
+            // A refused version is not adopted: a write must not inherit a stamp from the future.
+            let _ = hybrid.observe(version, now_ms);
+        }
+        hybrid.tick(now_ms).map_err(ObjectServiceError::Clock)
+    }
+
+    async fn put_inner(
+        &self,
+        key: &str,
+        content: Bytes,
+    ) -> Result<WriteOutcome, ObjectServiceError> {
+        self.check_write(key, &content)?;
         let stamp = Stamp {
-            version: held.map_or(0, |s| s.version + 1).max(unix_ms),
+            version: self.next_version(key, None)?,
             hash: content_hash(&content),
         };
         let replicas = self.replicas(key);
+        let quorum = self.inner.config.write_quorum.min(replicas.len()).max(1);
         let config = QuorumConfig {
             policy: Policy::Hedged,
-            quorum: self.inner.config.write_quorum,
-            fanout: replicas.len().max(self.inner.config.write_quorum),
-            max_in_flight: replicas.len().max(self.inner.config.write_quorum),
+            quorum,
+            fanout: replicas.len().max(quorum),
+            max_in_flight: replicas.len().max(quorum),
             deadline: self.inner.config.deadline,
             attempt_timeout: self.inner.config.deadline,
         };
-        let mut header = object::encode_store_header(key, &stamp);
+        // The version is this node's latest tick, so it is also the message's clock.
+        let mut header = object::encode_store_header(stamp.version, key, &stamp);
         header.extend_from_slice(&content);
         let message = Bytes::from(header);
         let me = self.inner.node.peer_id();
         let service = self.clone();
         let key_owned = key.to_string();
+        let superseded = Arc::new(AtomicUsize::new(0));
+        let superseded_count = superseded.clone();
         let ask = move |peer: PeerId| {
             let service = service.clone();
             let message = message.clone();
             let content = content.clone();
             let key = key_owned.clone();
+            let superseded = superseded_count.clone();
             async move {
-                let held = if peer == me {
-                    service.inner.store.put(&key, stamp, content)?.version
+                let stored = if peer == me {
+                    let held = service.inner.store.put(&key, stamp, content)?;
+                    if held == stamp {
+                        Stored::Holds
+                    } else {
+                        Stored::Superseded(held)
+                    }
                 } else {
                     let reply = service
                         .inner
                         .node
                         .request(peer, STORE, message, service.inner.config.deadline)
                         .await?;
-                    decode_stored(&reply)?
+                    let answer = decode_stored(&reply)?;
+                    service.accept_answer(peer, answer.clock, None)?;
+                    answer.answer.map_err(|reason| {
+                        service.count_refused_answer(reason);
+                        ReplicaError::Refused(reason)
+                    })?
                 };
-                if held >= stamp.version {
-                    Ok(())
-                } else {
-                    Err(ReplicaError::Stale { held })
+                match stored {
+                    Stored::Holds => Ok(()),
+                    Stored::Superseded(held) => {
+                        superseded.fetch_add(1, Ordering::Relaxed);
+                        Err(ReplicaError::Superseded { held })
+                    }
                 }
             }
         };
@@ -415,11 +640,12 @@ impl ObjectService {
             scores.plan(config, &replicas, now(), &mut *rng)?
         };
         let (acks, outcome) = drive(&self.inner.scores, plan, ask, Leftover::Finish).await;
-        if !outcome.reached(self.inner.config.write_quorum) {
-            return Err(ObjectServiceError::QuorumNotReached {
-                needed: self.inner.config.write_quorum,
-                reached: outcome.answers,
+        if !outcome.reached(quorum) {
+            return Err(ObjectServiceError::WriteUnconfirmed {
+                needed: quorum,
+                acks: outcome.answers,
                 asked: outcome.asked,
+                superseded: superseded.load(Ordering::Relaxed),
             });
         }
         Ok(WriteOutcome {
@@ -430,7 +656,8 @@ impl ObjectService {
     }
 
     /// Asks `candidates` for `key` under `config` and returns what the quorum answered. Used by
-    /// reads, and by the lab to compare policies over the same code path.
+    /// reads, and by the lab to compare policies over the same code path. A copy whose version is
+    /// beyond the accepted clock skew (this node's own included) counts as its holder's failure.
     pub async fn fetch_from(
         &self,
         candidates: &[PeerId],
@@ -444,7 +671,8 @@ impl ObjectService {
             let mut rng = lock(&self.inner.rng);
             scores.plan(config, candidates, now(), &mut *rng)?
         };
-        let request = Bytes::from(object::encode_fetch(mode, key));
+        let clock = self.tick().map_err(ObjectServiceError::Clock)?;
+        let request = Bytes::from(object::encode_fetch(clock, mode, key));
         let me = self.inner.node.peer_id();
         let service = self.clone();
         let max = self.inner.config.max_object_bytes;
@@ -456,7 +684,8 @@ impl ObjectService {
             let key = key_owned.clone();
             async move {
                 let reply = if peer == me {
-                    encode_fetched(mode, service.inner.store.get(&key)?.as_ref())
+                    let clock = service.tick()?;
+                    encode_fetched(clock, mode, service.inner.store.get(&key)?.as_ref())
                 } else {
                     service
                         .inner
@@ -464,7 +693,13 @@ impl ObjectService {
                         .request(peer, FETCH, request, attempt_deadline)
                         .await?
                 };
-                let fetched = decode_fetched(mode, &reply, max)?;
+                let answer = decode_fetched(mode, &reply, max)?;
+                let fetched = answer.answer.map_err(|reason| {
+                    service.count_refused_answer(reason);
+                    ReplicaError::Refused(reason)
+                })?;
+                let version = stamp_of(&fetched).map(|stamp| stamp.version);
+                service.accept_answer(peer, answer.clock, version)?;
                 Ok(match fetched {
                     Fetched::Absent => Fetched::Absent,
                     Fetched::Present { stamp, content } => Fetched::Present {
@@ -481,151 +716,9 @@ impl ObjectService {
             .inc_by(outcome.asked as u64);
         Ok(FetchResult { copies, outcome })
     }
-
-    /// Reads `key` at quorum from its replicas, merges the copies and repairs stale replicas.
-    pub async fn get(&self, key: &str) -> Result<ReadOutcome, ObjectServiceError> {
-        let result = self.get_inner(key).await;
-        let label = match &result {
-            Ok(_) => "ok",
-            Err(ObjectServiceError::NotFound) => "not_found",
-            Err(ObjectServiceError::QuorumNotReached { .. }) => "quorum_not_reached",
-            Err(_) => "error",
-        };
-        self.inner
-            .metrics
-            .reads
-            .get_or_create(&OutcomeLabel { outcome: label })
-            .inc();
-        result
-    }
-
-    async fn get_inner(&self, key: &str) -> Result<ReadOutcome, ObjectServiceError> {
-        let config = self.inner.config;
-        let replicas = self.replicas(key);
-        let quorum = config.read_quorum.min(replicas.len()).max(1);
-        let plan_config = QuorumConfig {
-            policy: config.read_policy,
-            quorum,
-            fanout: quorum,
-            max_in_flight: replicas.len().max(quorum),
-            deadline: config.deadline,
-            attempt_timeout: config.attempt_timeout,
-        };
-        let result = self
-            .fetch_from(&replicas, key, FetchMode::Metadata, plan_config)
-            .await?;
-        if !result.outcome.reached(quorum) {
-            return Err(ObjectServiceError::QuorumNotReached {
-                needed: quorum,
-                reached: result.outcome.answers,
-                asked: result.outcome.asked,
-            });
-        }
-        let me = self.inner.node.peer_id();
-        let votes: Vec<Vote> = {
-            let scores = lock(&self.inner.scores);
-            result
-                .copies
-                .iter()
-                .map(|(peer, fetched)| Vote {
-                    stamp: stamp_of(fetched),
-                    trust: if *peer == me {
-                        1.0
-                    } else {
-                        1.0 - scores.error_rate(*peer)
-                    },
-                })
-                .collect()
-        };
-        let winner = merge(&votes).ok_or(ObjectServiceError::NotFound)?;
-        let object = self.content_of(key, winner, &result.copies).await?;
-        let stale: Vec<PeerId> = result
-            .copies
-            .iter()
-            .filter(|(_, fetched)| stamp_of(fetched) != Some(winner))
-            .map(|(peer, _)| *peer)
-            .collect();
-        let repairs = stale.len();
-        if repairs > 0 {
-            self.inner.metrics.repairs.inc_by(repairs as u64);
-            tokio::spawn(self.clone().repair(key.to_string(), object.clone(), stale));
-        }
-        Ok(ReadOutcome {
-            object,
-            answers: result.outcome.answers,
-            asked: result.outcome.asked,
-            repairs,
-        })
-    }
-
-    async fn content_of(
-        &self,
-        key: &str,
-        winner: Stamp,
-        copies: &[(PeerId, Fetched<Bytes>)],
-    ) -> Result<StoredObject, ObjectServiceError> {
-        if let Some(local) = self.inner.store.get(key)? {
-            if local.stamp == winner {
-                return Ok(local);
-            }
-        }
-        let me = self.inner.node.peer_id();
-        let request = Bytes::from(object::encode_fetch(FetchMode::Full, key));
-        for (peer, fetched) in copies {
-            if *peer == me || stamp_of(fetched) != Some(winner) {
-                continue;
-            }
-            let Ok(reply) = self
-                .inner
-                .node
-                .request(*peer, FETCH, request.clone(), self.inner.config.deadline)
-                .await
-            else {
-                continue;
-            };
-            if let Ok(Fetched::Present {
-                stamp,
-                content: Some(range),
-            }) = decode_fetched(FetchMode::Full, &reply, self.inner.config.max_object_bytes)
-            {
-                if stamp == winner {
-                    return Ok(StoredObject {
-                        stamp,
-                        content: reply.slice(range),
-                    });
-                }
-            }
-        }
-        Err(ObjectServiceError::ContentUnavailable)
-    }
-
-    async fn repair(self, key: String, object: StoredObject, stale: Vec<PeerId>) {
-        let me = self.inner.node.peer_id();
-        let mut message = object::encode_store_header(&key, &object.stamp);
-        message.extend_from_slice(&object.content);
-        let message = Bytes::from(message);
-        for peer in stale {
-            let result: Result<(), ReplicaError> = if peer == me {
-                self.inner
-                    .store
-                    .put(&key, object.stamp, object.content.clone())
-                    .map(|_| ())
-                    .map_err(ReplicaError::from)
-            } else {
-                self.inner
-                    .node
-                    .request(peer, STORE, message.clone(), self.inner.config.deadline)
-                    .await
-                    .map(|_| ())
-                    .map_err(ReplicaError::from)
-            };
-            if let Err(error) = result {
-                tracing::debug!(peer = %peer.short(), %key, %error, "read repair failed");
-            }
-        }
-    }
 }
 
+/// The stamp of a fetched copy, if there is one.
 fn stamp_of<B>(fetched: &Fetched<B>) -> Option<Stamp> {
     match fetched {
         Fetched::Absent => None,
@@ -633,8 +726,8 @@ fn stamp_of<B>(fetched: &Fetched<B>) -> Option<Stamp> {
     }
 }
 
-fn encode_fetched(mode: FetchMode, held: Option<&StoredObject>) -> Bytes {
-    let mut out = object::encode_fetched_header(held.map(|o| &o.stamp));
+fn encode_fetched(clock: u64, mode: FetchMode, held: Option<&StoredObject>) -> Bytes {
+    let mut out = object::encode_fetched_header(clock, held.map(|o| &o.stamp));
     if let (FetchMode::Full, Some(object)) = (mode, held) {
         out.extend_from_slice(&object.content);
     }
@@ -645,12 +738,4 @@ fn upgrade(weak: &std::sync::Weak<Inner>) -> Result<ObjectService, HandlerError>
     weak.upgrade()
         .map(|inner| ObjectService { inner })
         .ok_or(HandlerError::Stopped)
-}
-
-fn malformed(error: impl std::error::Error + Send + Sync + 'static) -> HandlerError {
-    HandlerError::Malformed(Box::new(error))
-}
-
-fn handler_error(error: impl std::error::Error + Send + Sync + 'static) -> HandlerError {
-    HandlerError::Failed(Box::new(error))
 }

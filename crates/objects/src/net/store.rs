@@ -8,6 +8,8 @@
 //! one write transaction that commits durably: a crash mid-write leaves the old record or the new
 //! one, never a torn one (redb's commit is atomic). Every read recomputes the hash, so a record
 //! damaged on disk is reported as [`StoreError::Corrupt`] instead of being served or replicated.
+//! A conditional write ([`Store::put_if`]) checks its precondition against the current record in
+//! the same transaction, so no other write can slip in between the check and the write.
 //!
 //! Hot objects are kept in a bounded in-memory cache of shared buffers, so many readers of one large
 //! object share one copy (the 250-reader test in `bench/http.sh`).
@@ -18,6 +20,7 @@ use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::Mutex;
 
+use crate::proto::cas::Precondition;
 use crate::proto::object::{content_hash, Stamp};
 use bytes::Bytes;
 use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
@@ -187,19 +190,49 @@ impl Store {
     /// Stores `content` under `key` with `stamp` if it wins over the stored copy (see the module
     /// docs). Returns the stamp the store holds afterwards. The caller has checked the hash.
     pub fn put(&self, key: &str, stamp: Stamp, content: Bytes) -> Result<Stamp, StoreError> {
+        Ok(match self.apply(key, stamp, content, None)? {
+            Ok(held) => held,
+            Err(held) => held.unwrap_or(stamp),
+        })
+    }
+
+    /// Stores `content` under `key` with `stamp` only if the stored copy satisfies `precondition`
+    /// and the new copy wins over it, checked and written in one transaction. `Err` holds the
+    /// stored copy's stamp (`None`: absent) when it does not.
+    pub fn put_if(
+        &self,
+        key: &str,
+        stamp: Stamp,
+        content: Bytes,
+        precondition: Precondition,
+    ) -> Result<Result<Stamp, Option<Stamp>>, StoreError> {
+        self.apply(key, stamp, content, Some(precondition))
+    }
+
+    fn apply(
+        &self,
+        key: &str,
+        stamp: Stamp,
+        content: Bytes,
+        precondition: Option<Precondition>,
+    ) -> Result<Result<Stamp, Option<Stamp>>, StoreError> {
         let txn = self.db.begin_write()?;
-        let held = {
+        {
             let mut table = txn.open_table(OBJECTS)?;
             let old = match table.get(key)? {
                 Some(record) => Some(record_header(key, record.value())?),
                 None => None,
             };
+            let current = old.map(|(old, _)| old);
+            if precondition.is_some_and(|p| !p.holds(current.as_ref())) {
+                return Ok(Err(current));
+            }
             let wins = old.is_none_or(|(old, _)| {
                 stamp.version > old.version
                     || (stamp.version == old.version && stamp.hash < old.hash)
             });
             if !wins {
-                return Ok(old.map(|(old, _)| old).unwrap_or(stamp));
+                return Ok(Err(current));
             }
             let mut record = Vec::with_capacity(RECORD_HEADER + content.len());
             record.extend_from_slice(&stamp.version.to_le_bytes());
@@ -211,11 +244,10 @@ impl Store {
             let old_len = old.map_or(0, |(_, len)| len as u64);
             let new_total = (total + content.len() as u64).saturating_sub(old_len);
             totals.insert(CONTENT_BYTES, new_total)?;
-            stamp
-        };
+        }
         txn.commit()?;
         self.cache().insert(key, StoredObject { stamp, content });
-        Ok(held)
+        Ok(Ok(stamp))
     }
 
     /// Objects and content bytes held.
@@ -337,6 +369,31 @@ mod tests {
             store.get("short"),
             Err(StoreError::Corrupt { .. })
         ));
+    }
+
+    #[test]
+    fn conditional_writes_apply_only_when_the_precondition_holds() {
+        let store = Store::in_memory(1 << 20).unwrap();
+        let one = stamp(1, b"one");
+        let put = |s: Stamp, content: &'static [u8], p| {
+            store
+                .put_if("k", s, Bytes::from_static(content), p)
+                .unwrap()
+        };
+        assert_eq!(put(one, b"one", Precondition::Matches(one)), Err(None));
+        assert_eq!(put(one, b"one", Precondition::Absent), Ok(one));
+        assert_eq!(
+            put(stamp(2, b"two"), b"two", Precondition::Absent),
+            Err(Some(one))
+        );
+        let two = stamp(2, b"two");
+        assert_eq!(put(two, b"two", Precondition::Matches(one)), Ok(two));
+        // A stale precondition fails even with a newer version.
+        assert_eq!(
+            put(stamp(3, b"three"), b"three", Precondition::Matches(one)),
+            Err(Some(two))
+        );
+        assert_eq!(store.get("k").unwrap().unwrap().content, "two");
     }
 
     #[test]

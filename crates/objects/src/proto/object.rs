@@ -11,15 +11,24 @@
 //! node that knows the same peers computes the same replica set, and adding or removing a peer
 //! moves only the keys it wins or held.
 //!
-//! Messages between nodes (all integers little-endian, all lengths checked before any allocation):
+//! Messages between nodes (all integers little-endian, all lengths checked before any allocation).
+//! Every message starts with the sender's hybrid clock ([`crate::proto::clock`]), so every
+//! exchange keeps the two clocks together; versions are timestamps of the same clock.
 //!
 //! ```text
-//! fetch request   [mode u8: 0 = metadata, 1 = full][key]
-//! fetch response  [0]                                    the key is absent
-//!                 [1][version u64][hash 32][content]     content empty in metadata mode
-//! store request   [version u64][hash 32][key_len u16][key][content]
-//! store response  [version u64]                          the version the replica now holds
+//! fetch request   [clock u64][mode u8: 0 = metadata, 1 = full][key]
+//! fetch response  [clock u64][0]                                  the key is absent
+//!                 [clock u64][1][version u64][hash 32][content]   content empty in metadata mode
+//!                 [clock u64][2][reason u8]                       refused (see below)
+//! store request   [clock u64][version u64][hash 32][key_len u16][key][content]
+//! store response  [clock u64][0]                                  the replica holds exactly this version and hash: an ack
+//!                 [clock u64][1][version u64][hash 32]            superseded: it holds this winning copy instead
+//!                 [clock u64][2][reason u8]                       refused (see below)
 //! ```
+//!
+//! Refusal reasons ([`Refusal`]): 1 = the sender is not a member of the replica's cluster,
+//! 2 = the sender's clock or a version it carries is further ahead than the accepted skew,
+//! 3 = a version at the integer limit. A refusal is an answer, not an ack and not a copy.
 //!
 //! Merge (Zold's lesson, `docs/lessons.md`: copies from untrusted nodes are compared, not taken on
 //! faith): the highest version wins; among copies of that version with different contents, the one
@@ -98,7 +107,7 @@ pub fn content_hash(content: &[u8]) -> ContentHash {
 /// A version and hash: what a metadata fetch returns and what merging compares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Stamp {
-    /// Higher is newer.
+    /// A hybrid-clock timestamp ([`crate::proto::clock`]); higher is newer.
     pub version: u64,
     /// SHA-256 of the content.
     pub hash: ContentHash,
@@ -113,9 +122,110 @@ pub enum FetchMode {
     Full,
 }
 
-/// Encodes a fetch request for `key`.
-pub fn encode_fetch(mode: FetchMode, key: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(1 + key.len());
+/// Why a replica refused a request instead of answering it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The sender is not a member of the replica's cluster.
+    NotMember,
+    /// The sender's clock, or a version it carries, is further ahead than the accepted skew.
+    ClockSkew,
+    /// A version it carries is at the integer limit.
+    VersionLimit,
+}
+
+impl Refusal {
+    /// The reason's name in metrics, logs and HTTP errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NotMember => "not_member",
+            Self::ClockSkew => "clock_skew",
+            Self::VersionLimit => "version_limit",
+        }
+    }
+
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Self::NotMember => 1,
+            Self::ClockSkew => 2,
+            Self::VersionLimit => 3,
+        }
+    }
+
+    fn from_code(code: u8) -> Result<Self, ObjectError> {
+        match code {
+            1 => Ok(Self::NotMember),
+            2 => Ok(Self::ClockSkew),
+            3 => Ok(Self::VersionLimit),
+            other => Err(ObjectError::UnknownTag(other)),
+        }
+    }
+}
+
+/// A decoded answer: the replica's clock and what it said (an answer, or why it refused).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer<T> {
+    /// The replica's hybrid clock when it answered.
+    pub clock: u64,
+    /// Its answer, or its refusal.
+    pub answer: Result<T, Refusal>,
+}
+
+pub(crate) const CLOCK_LEN: usize = 8;
+pub(crate) const STAMP_LEN: usize = 8 + 32;
+
+pub(crate) fn need(bytes: &[u8], needed: usize) -> Result<(), ObjectError> {
+    if bytes.len() < needed {
+        return Err(ObjectError::Truncated {
+            needed,
+            have: bytes.len(),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn read_u64(bytes: &[u8]) -> Result<u64, ObjectError> {
+    need(bytes, 8)?;
+    let mut value = [0u8; 8];
+    value.copy_from_slice(&bytes[..8]);
+    Ok(u64::from_le_bytes(value))
+}
+
+pub(crate) fn read_stamp(bytes: &[u8]) -> Result<Stamp, ObjectError> {
+    need(bytes, STAMP_LEN)?;
+    let mut hash = [0u8; 32];
+    hash.copy_from_slice(&bytes[8..STAMP_LEN]);
+    Ok(Stamp {
+        version: read_u64(bytes)?,
+        hash,
+    })
+}
+
+pub(crate) fn write_stamp(out: &mut Vec<u8>, stamp: &Stamp) {
+    out.extend_from_slice(&stamp.version.to_le_bytes());
+    out.extend_from_slice(&stamp.hash);
+}
+
+/// Splits a message into the sender's clock and the rest.
+fn split_clock(bytes: &[u8]) -> Result<(u64, &[u8]), ObjectError> {
+    Ok((read_u64(bytes)?, &bytes[CLOCK_LEN..]))
+}
+
+/// A decoded fetch request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FetchRequest<'a> {
+    /// The sender's hybrid clock.
+    pub clock: u64,
+    /// How much it asks for.
+    pub mode: FetchMode,
+    /// The key.
+    pub key: &'a str,
+}
+
+/// Encodes a fetch request for `key`, sent at hybrid time `clock`.
+pub fn encode_fetch(clock: u64, mode: FetchMode, key: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(CLOCK_LEN + 1 + key.len());
+    out.extend_from_slice(&clock.to_le_bytes());
     out.push(match mode {
         FetchMode::Metadata => 0,
         FetchMode::Full => 1,
@@ -125,10 +235,12 @@ pub fn encode_fetch(mode: FetchMode, key: &str) -> Vec<u8> {
 }
 
 /// Decodes a fetch request.
-pub fn decode_fetch(bytes: &[u8]) -> Result<(FetchMode, &str), ObjectError> {
-    let (&mode, key) = bytes
-        .split_first()
-        .ok_or(ObjectError::Truncated { needed: 1, have: 0 })?;
+pub fn decode_fetch(bytes: &[u8]) -> Result<FetchRequest<'_>, ObjectError> {
+    let (clock, rest) = split_clock(bytes)?;
+    let (&mode, key) = rest.split_first().ok_or(ObjectError::Truncated {
+        needed: CLOCK_LEN + 1,
+        have: bytes.len(),
+    })?;
     let mode = match mode {
         0 => FetchMode::Metadata,
         1 => FetchMode::Full,
@@ -136,7 +248,7 @@ pub fn decode_fetch(bytes: &[u8]) -> Result<(FetchMode, &str), ObjectError> {
     };
     let key = std::str::from_utf8(key).map_err(|_| ObjectError::InvalidKey("not UTF-8"))?;
     validate_key(key)?;
-    Ok((mode, key))
+    Ok(FetchRequest { clock, mode, key })
 }
 
 /// A fetch response: absent, or a stamp with the content (empty in metadata mode).
@@ -153,61 +265,56 @@ pub enum Fetched<B> {
     },
 }
 
-const STAMP_LEN: usize = 8 + 32;
-
-fn need(bytes: &[u8], needed: usize) -> Result<(), ObjectError> {
-    if bytes.len() < needed {
-        return Err(ObjectError::Truncated {
-            needed,
-            have: bytes.len(),
-        });
-    }
-    Ok(())
-}
-
-fn read_stamp(bytes: &[u8]) -> Result<Stamp, ObjectError> {
-    need(bytes, STAMP_LEN)?;
-    let mut version = [0u8; 8];
-    version.copy_from_slice(&bytes[..8]);
-    let mut hash = [0u8; 32];
-    hash.copy_from_slice(&bytes[8..STAMP_LEN]);
-    Ok(Stamp {
-        version: u64::from_le_bytes(version),
-        hash,
-    })
-}
-
-fn write_stamp(out: &mut Vec<u8>, stamp: &Stamp) {
-    out.extend_from_slice(&stamp.version.to_le_bytes());
-    out.extend_from_slice(&stamp.hash);
-}
-
-/// The header of a fetch response that carries `stamp`; the content (if any) follows it.
-pub fn encode_fetched_header(stamp: Option<&Stamp>) -> Vec<u8> {
+/// The header of a fetch response sent at hybrid time `clock` that carries `stamp`; the content
+/// (if any) follows it.
+pub fn encode_fetched_header(clock: u64, stamp: Option<&Stamp>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(CLOCK_LEN + 1 + STAMP_LEN);
+    out.extend_from_slice(&clock.to_le_bytes());
     match stamp {
-        None => vec![0],
+        None => out.push(0),
         Some(stamp) => {
-            let mut out = Vec::with_capacity(1 + STAMP_LEN);
             out.push(1);
             write_stamp(&mut out, stamp);
-            out
         }
+    }
+    out
+}
+
+/// A response refusing a request (fetch or store) for `reason`, sent at hybrid time `clock`.
+pub fn encode_refusal(clock: u64, reason: Refusal) -> Vec<u8> {
+    let mut out = Vec::with_capacity(CLOCK_LEN + 2);
+    out.extend_from_slice(&clock.to_le_bytes());
+    out.extend_from_slice(&[REFUSED, reason.code()]);
+    out
+}
+
+/// The tag of a refusal, in both fetch and store responses.
+pub(crate) const REFUSED: u8 = 2;
+
+pub(crate) fn decode_refusal(rest: &[u8]) -> Result<Refusal, ObjectError> {
+    match rest {
+        [code] => Refusal::from_code(*code),
+        [] => Err(ObjectError::Truncated { needed: 1, have: 0 }),
+        [_, trailing @ ..] => Err(ObjectError::Trailing(trailing.len())),
     }
 }
 
-/// Decodes a fetch response made in `mode`, checking the content against its hash. Returns the
-/// range of `bytes` holding the content, so the caller can slice its buffer without copying.
+/// Decodes a fetch response made in `mode`, checking the content against its hash. A present
+/// copy holds the range of `bytes` with the content, so the caller can slice its buffer without
+/// copying.
 pub fn decode_fetched(
     mode: FetchMode,
     bytes: &[u8],
     max_content: usize,
-) -> Result<Fetched<std::ops::Range<usize>>, ObjectError> {
-    let (&tag, rest) = bytes
-        .split_first()
-        .ok_or(ObjectError::Truncated { needed: 1, have: 0 })?;
-    match tag {
+) -> Result<Answer<Fetched<std::ops::Range<usize>>>, ObjectError> {
+    let (clock, body) = split_clock(bytes)?;
+    let (&tag, rest) = body.split_first().ok_or(ObjectError::Truncated {
+        needed: CLOCK_LEN + 1,
+        have: bytes.len(),
+    })?;
+    let answer = match tag {
         0 if rest.is_empty() => Ok(Fetched::Absent),
-        0 => Err(ObjectError::Trailing(rest.len())),
+        0 => return Err(ObjectError::Trailing(rest.len())),
         1 => {
             let stamp = read_stamp(rest)?;
             let content = &rest[STAMP_LEN..];
@@ -216,7 +323,7 @@ pub fn decode_fetched(
                     stamp,
                     content: None,
                 }),
-                FetchMode::Metadata => Err(ObjectError::Trailing(content.len())),
+                FetchMode::Metadata => return Err(ObjectError::Trailing(content.len())),
                 FetchMode::Full => {
                     if content.len() > max_content {
                         return Err(ObjectError::TooLarge {
@@ -227,7 +334,7 @@ pub fn decode_fetched(
                     if content_hash(content) != stamp.hash {
                         return Err(ObjectError::HashMismatch);
                     }
-                    let start = 1 + STAMP_LEN;
+                    let start = CLOCK_LEN + 1 + STAMP_LEN;
                     Ok(Fetched::Present {
                         stamp,
                         content: Some(start..bytes.len()),
@@ -235,13 +342,17 @@ pub fn decode_fetched(
                 }
             }
         }
-        other => Err(ObjectError::UnknownTag(other)),
-    }
+        REFUSED => Err(decode_refusal(rest)?),
+        other => return Err(ObjectError::UnknownTag(other)),
+    };
+    Ok(Answer { clock, answer })
 }
 
 /// A decoded store request; `content` is the range of the message holding the content.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreRequest<'a> {
+    /// The sender's hybrid clock.
+    pub clock: u64,
     /// The key.
     pub key: &'a str,
     /// Version and hash.
@@ -250,9 +361,10 @@ pub struct StoreRequest<'a> {
     pub content: std::ops::Range<usize>,
 }
 
-/// The header of a store request; the content follows it.
-pub fn encode_store_header(key: &str, stamp: &Stamp) -> Vec<u8> {
-    let mut out = Vec::with_capacity(STAMP_LEN + 2 + key.len());
+/// The header of a store request sent at hybrid time `clock`; the content follows it.
+pub fn encode_store_header(clock: u64, key: &str, stamp: &Stamp) -> Vec<u8> {
+    let mut out = Vec::with_capacity(CLOCK_LEN + STAMP_LEN + 2 + key.len());
+    out.extend_from_slice(&clock.to_le_bytes());
     write_stamp(&mut out, stamp);
     out.extend_from_slice(&(key.len() as u16).to_le_bytes());
     out.extend_from_slice(key.as_bytes());
@@ -261,13 +373,15 @@ pub fn encode_store_header(key: &str, stamp: &Stamp) -> Vec<u8> {
 
 /// Decodes a store request, checking the key and the content against its hash.
 pub fn decode_store(bytes: &[u8], max_content: usize) -> Result<StoreRequest<'_>, ObjectError> {
-    let stamp = read_stamp(bytes)?;
-    need(bytes, STAMP_LEN + 2)?;
-    let key_len = u16::from_le_bytes([bytes[STAMP_LEN], bytes[STAMP_LEN + 1]]) as usize;
+    let (clock, body) = split_clock(bytes)?;
+    let stamp = read_stamp(body)?;
+    let len_at = CLOCK_LEN + STAMP_LEN;
+    need(bytes, len_at + 2)?;
+    let key_len = u16::from_le_bytes([bytes[len_at], bytes[len_at + 1]]) as usize;
     if key_len > MAX_KEY_LEN {
         return Err(ObjectError::InvalidKey("longer than 256 bytes"));
     }
-    let key_start = STAMP_LEN + 2;
+    let key_start = len_at + 2;
     need(bytes, key_start + key_len)?;
     let key = std::str::from_utf8(&bytes[key_start..key_start + key_len])
         .map_err(|_| ObjectError::InvalidKey("not UTF-8"))?;
@@ -283,26 +397,58 @@ pub fn decode_store(bytes: &[u8], max_content: usize) -> Result<StoreRequest<'_>
         return Err(ObjectError::HashMismatch);
     }
     Ok(StoreRequest {
+        clock,
         key,
         stamp,
         content,
     })
 }
 
-/// Encodes a store response.
-pub fn encode_stored(version: u64) -> [u8; 8] {
-    version.to_le_bytes()
+/// What a replica holds after a store request it did not refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// Exactly the version and hash sent: an ack.
+    Holds,
+    /// Another copy that wins over the one sent (a newer version, or the same version with a
+    /// smaller hash): not an ack.
+    Superseded(Stamp),
+}
+
+/// Encodes a store response sent at hybrid time `clock`.
+pub fn encode_stored(clock: u64, stored: Stored) -> Vec<u8> {
+    let mut out = Vec::with_capacity(CLOCK_LEN + 1 + STAMP_LEN);
+    out.extend_from_slice(&clock.to_le_bytes());
+    match stored {
+        Stored::Holds => out.push(0),
+        Stored::Superseded(stamp) => {
+            out.push(1);
+            write_stamp(&mut out, &stamp);
+        }
+    }
+    out
 }
 
 /// Decodes a store response.
-pub fn decode_stored(bytes: &[u8]) -> Result<u64, ObjectError> {
-    need(bytes, 8)?;
-    if bytes.len() > 8 {
-        return Err(ObjectError::Trailing(bytes.len() - 8));
-    }
-    let mut version = [0u8; 8];
-    version.copy_from_slice(bytes);
-    Ok(u64::from_le_bytes(version))
+pub fn decode_stored(bytes: &[u8]) -> Result<Answer<Stored>, ObjectError> {
+    let (clock, body) = split_clock(bytes)?;
+    let (&tag, rest) = body.split_first().ok_or(ObjectError::Truncated {
+        needed: CLOCK_LEN + 1,
+        have: bytes.len(),
+    })?;
+    let answer = match tag {
+        0 if rest.is_empty() => Ok(Stored::Holds),
+        0 => return Err(ObjectError::Trailing(rest.len())),
+        1 => {
+            let stamp = read_stamp(rest)?;
+            if rest.len() > STAMP_LEN {
+                return Err(ObjectError::Trailing(rest.len() - STAMP_LEN));
+            }
+            Ok(Stored::Superseded(stamp))
+        }
+        REFUSED => Err(decode_refusal(rest)?),
+        other => return Err(ObjectError::UnknownTag(other)),
+    };
+    Ok(Answer { clock, answer })
 }
 
 /// The weight of `peer` (its 32 id bytes) for `key` in rendezvous hashing.
@@ -393,13 +539,24 @@ mod tests {
     fn fetch_and_store_round_trip() {
         let content = b"hello wallet";
         let s = stamp(7, content);
-        let request = encode_fetch(FetchMode::Full, "k1");
-        assert_eq!(decode_fetch(&request), Ok((FetchMode::Full, "k1")));
-        let mut response = encode_fetched_header(Some(&s));
+        let request = encode_fetch(40, FetchMode::Full, "k1");
+        assert_eq!(
+            decode_fetch(&request),
+            Ok(FetchRequest {
+                clock: 40,
+                mode: FetchMode::Full,
+                key: "k1"
+            })
+        );
+        let mut response = encode_fetched_header(41, Some(&s));
         response.extend_from_slice(content);
-        let Fetched::Present {
-            stamp: got,
-            content: Some(range),
+        let Answer {
+            clock: 41,
+            answer:
+                Ok(Fetched::Present {
+                    stamp: got,
+                    content: Some(range),
+                }),
         } = decode_fetched(FetchMode::Full, &response, 1024).unwrap()
         else {
             panic!("expected a full copy");
@@ -407,33 +564,76 @@ mod tests {
         assert_eq!(got, s);
         assert_eq!(&response[range], content);
         assert_eq!(
-            decode_fetched(FetchMode::Full, &encode_fetched_header(None), 10),
-            Ok(Fetched::Absent)
+            decode_fetched(FetchMode::Full, &encode_fetched_header(3, None), 10),
+            Ok(Answer {
+                clock: 3,
+                answer: Ok(Fetched::Absent)
+            })
         );
-        let mut store = encode_store_header("k1", &s);
+        let mut store = encode_store_header(42, "k1", &s);
         store.extend_from_slice(content);
         let decoded = decode_store(&store, 1024).unwrap();
-        assert_eq!((decoded.key, decoded.stamp), ("k1", s));
+        assert_eq!((decoded.clock, decoded.key, decoded.stamp), (42, "k1", s));
         assert_eq!(&store[decoded.content], content);
-        assert_eq!(decode_stored(&encode_stored(9)), Ok(9));
+        for stored in [Stored::Holds, Stored::Superseded(stamp(9, b"newer"))] {
+            assert_eq!(
+                decode_stored(&encode_stored(43, stored)),
+                Ok(Answer {
+                    clock: 43,
+                    answer: Ok(stored)
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn refusals_are_answers_in_both_responses() {
+        for reason in [
+            Refusal::NotMember,
+            Refusal::ClockSkew,
+            Refusal::VersionLimit,
+        ] {
+            let message = encode_refusal(5, reason);
+            assert_eq!(
+                decode_stored(&message),
+                Ok(Answer {
+                    clock: 5,
+                    answer: Err(reason)
+                })
+            );
+            assert_eq!(
+                decode_fetched(FetchMode::Metadata, &message, 10),
+                Ok(Answer {
+                    clock: 5,
+                    answer: Err(reason)
+                })
+            );
+        }
+        let mut unknown = encode_refusal(5, Refusal::NotMember);
+        unknown[9] = 200;
+        assert_eq!(decode_stored(&unknown), Err(ObjectError::UnknownTag(200)));
+        unknown.push(0);
+        assert_eq!(decode_stored(&unknown), Err(ObjectError::Trailing(1)));
     }
 
     #[test]
     fn damaged_copies_are_refused() {
         let s = stamp(1, b"good");
-        let mut response = encode_fetched_header(Some(&s));
+        let mut response = encode_fetched_header(0, Some(&s));
         response.extend_from_slice(b"evil");
         assert_eq!(
             decode_fetched(FetchMode::Full, &response, 1024),
             Err(ObjectError::HashMismatch)
         );
-        let mut store = encode_store_header("k", &s);
+        let mut store = encode_store_header(0, "k", &s);
         store.extend_from_slice(b"good");
         assert!(matches!(
             decode_store(&store, 2),
             Err(ObjectError::TooLarge { len: 4, max: 2 })
         ));
-        assert_eq!(decode_fetch(&[9, b'k']), Err(ObjectError::UnknownTag(9)));
+        let mut fetch = encode_fetch(0, FetchMode::Full, "k");
+        fetch[8] = 9;
+        assert_eq!(decode_fetch(&fetch), Err(ObjectError::UnknownTag(9)));
     }
 
     #[test]
@@ -501,12 +701,14 @@ mod tests {
 
         #[test]
         fn store_requests_round_trip(key in "[A-Za-z0-9._-]{1,40}", version in any::<u64>(),
+                                     clock in any::<u64>(),
                                      content in proptest::collection::vec(any::<u8>(), 0..300)) {
             prop_assume!(key != "." && key != "..");
             let s = stamp(version, &content);
-            let mut message = encode_store_header(&key, &s);
+            let mut message = encode_store_header(clock, &key, &s);
             message.extend_from_slice(&content);
             let decoded = decode_store(&message, 300).unwrap();
+            prop_assert_eq!(decoded.clock, clock);
             prop_assert_eq!(decoded.key, key.as_str());
             prop_assert_eq!(decoded.stamp, s);
             prop_assert_eq!(&message[decoded.content], content.as_slice());

@@ -8,7 +8,8 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use meshwire::{PeerId, RequestError};
 
 use crate::net::store::StoreError;
-use crate::proto::object::ObjectError;
+use crate::proto::clock::ClockError;
+use crate::proto::object::{ObjectError, Refusal, Stamp};
 use crate::proto::quorum::{Outcome, PeerScores, QuorumPlan};
 
 use super::lock;
@@ -26,12 +27,29 @@ pub enum ReplicaError {
     /// The replica's answer is malformed or its content does not match its hash.
     #[error(transparent)]
     Malformed(#[from] ObjectError),
-    /// The replica kept an older version than the one written.
-    #[error("the replica kept the older version {held}")]
-    Stale {
-        /// The version it holds.
-        held: u64,
+    /// The replica holds a copy that wins over the one written (a newer version, or the same
+    /// version with a smaller hash): not an ack.
+    #[error("superseded: the replica holds version {}", held.version)]
+    Superseded {
+        /// The copy it holds.
+        held: Stamp,
     },
+    /// A conditional write's precondition does not hold there: this is its current copy.
+    #[error("precondition failed: the replica holds {}", current.map_or("nothing".to_string(), |s| s.version.to_string()))]
+    Mismatch {
+        /// Its current copy, if any.
+        current: Option<Stamp>,
+    },
+    /// Another conditional write is pending on the key there.
+    #[error("another conditional write is pending on the key")]
+    Busy,
+    /// The replica refused the request.
+    #[error("the replica refused the request: {}", .0.name())]
+    Refused(Refusal),
+    /// The replica's clock or the version it answered is beyond the accepted skew or at the
+    /// limit, or this node's own clock is exhausted.
+    #[error(transparent)]
+    Clock(#[from] ClockError),
 }
 
 /// What happens to requests still in flight when a plan is done.

@@ -1,0 +1,327 @@
+//! Conditional writes (compare-and-set) in two phases over the replicas; see [`crate::proto::cas`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use meshwire::protocols::OBJECT_CAS as CAS;
+use meshwire::{HandlerError, PeerId};
+use tokio::time::Instant;
+
+use crate::net::store::StoreError;
+use crate::proto::cas::{self, CasAnswer, Phase, Precondition};
+use crate::proto::object::{content_hash, Refusal, Stamp};
+use crate::proto::quorum::{Policy, QuorumConfig};
+
+use super::drive::{drive, now, Leftover};
+use super::{lock, ObjectService, ObjectServiceError, ReplicaError, WriteOutcome};
+
+/// A prepared conditional write a replica holds until commit, abort or expiry.
+#[derive(Debug, Clone)]
+pub(super) struct Pending {
+    /// The coordinator that prepared it: two coordinators can produce the same stamp (the same
+    /// content in the same millisecond), and one must not commit or abort the other's write.
+    owner: PeerId,
+    stamp: Stamp,
+    content: Bytes,
+    precondition: Precondition,
+    expires: Instant,
+}
+
+/// Most content bytes a node holds in prepared conditional writes; a prepare beyond it is
+/// answered busy, so peers cannot grow this node's memory without bound.
+const MAX_PENDING_BYTES: usize = 64 * 1024 * 1024;
+
+/// The prepared conditional writes of one node, by key.
+pub(super) type PendingWrites = HashMap<String, Pending>;
+
+/// How the replicas answered one phase: mismatches (with the newest current copy seen) and busy.
+#[derive(Debug, Default)]
+struct Tally {
+    mismatches: AtomicUsize,
+    busy: AtomicUsize,
+    current: std::sync::Mutex<Option<Stamp>>,
+}
+
+impl ObjectService {
+    /// Answers `peer`'s conditional-write request, or refuses it.
+    pub fn serve_cas(&self, peer: PeerId, body: Bytes) -> Result<Bytes, HandlerError> {
+        let request = cas::decode_cas(&body, self.inner.config.max_object_bytes)
+            .map_err(|error| HandlerError::Malformed(Box::new(error)))?;
+        let stamp = matches!(request.phase, Phase::Prepare(_)).then_some(request.stamp);
+        let answer = match self.admit(peer, request.clock, stamp) {
+            Err(reason) => {
+                self.count_refused_request(peer, request.key, reason);
+                Err(reason)
+            }
+            Ok(()) => Ok(self
+                .cas_local(
+                    peer,
+                    request.phase,
+                    request.key,
+                    request.stamp,
+                    body.slice(request.content.clone()),
+                )
+                .map_err(|error| HandlerError::Failed(Box::new(error)))?),
+        };
+        let clock = self
+            .tick()
+            .map_err(|error| HandlerError::Failed(Box::new(error)))?;
+        Ok(Bytes::from(cas::encode_cas_answer(clock, answer)))
+    }
+
+    /// Runs one phase of a conditional write on this node's store.
+    fn cas_local(
+        &self,
+        owner: PeerId,
+        phase: Phase,
+        key: &str,
+        stamp: Stamp,
+        content: Bytes,
+    ) -> Result<CasAnswer, StoreError> {
+        let mut pending = lock(&self.inner.pending);
+        let at = Instant::now();
+        pending.retain(|_, held| held.expires > at);
+        match phase {
+            Phase::Prepare(precondition) => {
+                if let Some(held) = pending.get(key) {
+                    return Ok(if held.owner == owner && held.stamp == stamp {
+                        CasAnswer::Done
+                    } else {
+                        CasAnswer::Busy
+                    });
+                }
+                let held_bytes: usize = pending.values().map(|held| held.content.len()).sum();
+                if held_bytes + content.len() > MAX_PENDING_BYTES {
+                    return Ok(CasAnswer::Busy);
+                }
+                let current = self.inner.store.stamp(key)?;
+                if !precondition.holds(current.as_ref()) {
+                    return Ok(CasAnswer::Mismatch(current));
+                }
+                // A prepared write outlives its coordinator's deadline, so a commit sent in time
+                // always finds it; a coordinator that vanished blocks the key for this long.
+                let expires = at + 2 * self.inner.config.deadline;
+                pending.insert(
+                    key.to_string(),
+                    Pending {
+                        owner,
+                        stamp,
+                        content,
+                        precondition,
+                        expires,
+                    },
+                );
+                Ok(CasAnswer::Done)
+            }
+            Phase::Commit => match pending.remove(key) {
+                Some(held) if held.owner == owner && held.stamp == stamp => {
+                    // The store checks the precondition again in the write's own transaction:
+                    // an unconditional write may have landed since the prepare.
+                    let applied = self.inner.store.put_if(
+                        key,
+                        held.stamp,
+                        held.content,
+                        held.precondition,
+                    )?;
+                    Ok(match applied {
+                        Ok(_) => CasAnswer::Done,
+                        Err(current) => CasAnswer::Mismatch(current),
+                    })
+                }
+                other => {
+                    // Another coordinator's pending write stays; this commit finds nothing to apply.
+                    if let Some(theirs) = other {
+                        pending.insert(key.to_string(), theirs);
+                    }
+                    Ok(CasAnswer::Mismatch(self.inner.store.stamp(key)?))
+                }
+            },
+            Phase::Abort => {
+                if pending
+                    .get(key)
+                    .is_some_and(|held| held.owner == owner && held.stamp == stamp)
+                {
+                    pending.remove(key);
+                }
+                Ok(CasAnswer::Done)
+            }
+        }
+    }
+
+    /// Writes `content` under `key` only if the current copy satisfies `precondition`: prepared
+    /// on W replicas, then committed on W. See [`crate::proto::cas`].
+    pub async fn put_if(
+        &self,
+        key: &str,
+        content: Bytes,
+        precondition: Precondition,
+    ) -> Result<WriteOutcome, ObjectServiceError> {
+        let result = self.put_if_inner(key, content, precondition).await;
+        let label = match &result {
+            Ok(_) => "ok",
+            Err(ObjectServiceError::PreconditionFailed { .. }) => "precondition_failed",
+            Err(ObjectServiceError::Conflict { .. }) => "conflict",
+            Err(
+                ObjectServiceError::WriteUnconfirmed { .. } | ObjectServiceError::NotApplied { .. },
+            ) => "quorum_not_reached",
+            Err(_) => "error",
+        };
+        self.count_write(label);
+        result
+    }
+
+    async fn put_if_inner(
+        &self,
+        key: &str,
+        content: Bytes,
+        precondition: Precondition,
+    ) -> Result<WriteOutcome, ObjectServiceError> {
+        self.check_write(key, &content)?;
+        let after = match precondition {
+            Precondition::Matches(stamp) => Some(stamp.version),
+            Precondition::Absent => None,
+        };
+        let stamp = Stamp {
+            version: self.next_version(key, after)?,
+            hash: content_hash(&content),
+        };
+        let replicas = self.replicas(key);
+        let quorum = self.inner.config.write_quorum.min(replicas.len()).max(1);
+        let prepare = Phase::Prepare(precondition);
+        let prepared = Arc::new(Tally::default());
+        let acks = self
+            .cas_phase(key, stamp, prepare, content, &replicas, &prepared)
+            .await?;
+        if acks < quorum {
+            // Nothing was applied anywhere: release whatever was prepared.
+            let service = self.clone();
+            let (key, all) = (key.to_string(), replicas.clone());
+            tokio::spawn(async move {
+                let ignored = Arc::new(Tally::default());
+                let _ = service
+                    .cas_phase(&key, stamp, Phase::Abort, Bytes::new(), &all, &ignored)
+                    .await;
+            });
+            let current = *lock(&prepared.current);
+            return Err(if prepared.mismatches.load(Ordering::Relaxed) > 0 {
+                ObjectServiceError::PreconditionFailed { current }
+            } else if prepared.busy.load(Ordering::Relaxed) > 0 {
+                ObjectServiceError::Conflict {
+                    needed: quorum,
+                    prepared: acks,
+                }
+            } else {
+                ObjectServiceError::NotApplied {
+                    needed: quorum,
+                    prepared: acks,
+                    asked: replicas.len(),
+                }
+            });
+        }
+        let committed = Arc::new(Tally::default());
+        let acks = self
+            .cas_phase(
+                key,
+                stamp,
+                Phase::Commit,
+                Bytes::new(),
+                &replicas,
+                &committed,
+            )
+            .await?;
+        if acks < quorum {
+            return Err(ObjectServiceError::WriteUnconfirmed {
+                needed: quorum,
+                acks,
+                asked: replicas.len(),
+                superseded: committed.mismatches.load(Ordering::Relaxed),
+            });
+        }
+        Ok(WriteOutcome {
+            stamp,
+            acks,
+            replicas: replicas.len(),
+        })
+    }
+
+    /// Sends one phase to every replica at once; returns the `Done` answers counted before W of
+    /// them arrived or the deadline passed (the rest finish in the background).
+    async fn cas_phase(
+        &self,
+        key: &str,
+        stamp: Stamp,
+        phase: Phase,
+        content: Bytes,
+        replicas: &[PeerId],
+        tally: &Arc<Tally>,
+    ) -> Result<usize, ObjectServiceError> {
+        let quorum = self.inner.config.write_quorum.min(replicas.len()).max(1);
+        let config = QuorumConfig {
+            policy: Policy::Hedged,
+            quorum,
+            fanout: replicas.len().max(quorum),
+            max_in_flight: replicas.len().max(quorum),
+            deadline: self.inner.config.deadline,
+            attempt_timeout: self.inner.config.deadline,
+        };
+        let clock = self.tick().map_err(ObjectServiceError::Clock)?;
+        let mut message = cas::encode_cas_header(clock, phase, key, &stamp);
+        message.extend_from_slice(&content);
+        let message = Bytes::from(message);
+        let me = self.inner.node.peer_id();
+        let service = self.clone();
+        let key = key.to_string();
+        let shared = tally.clone();
+        let ask = move |peer: PeerId| {
+            let (service, message, content, key) = (
+                service.clone(),
+                message.clone(),
+                content.clone(),
+                key.clone(),
+            );
+            let tally = shared.clone();
+            async move {
+                let answer = if peer == me {
+                    service.cas_local(me, phase, &key, stamp, content)?
+                } else {
+                    let deadline = service.inner.config.deadline;
+                    let reply = service
+                        .inner
+                        .node
+                        .request(peer, CAS, message, deadline)
+                        .await?;
+                    let (clock, answer) = cas::decode_cas_answer(&reply)?;
+                    service.accept_answer(peer, clock, None)?;
+                    answer.map_err(|reason: Refusal| {
+                        service.count_refused_answer(reason);
+                        ReplicaError::Refused(reason)
+                    })?
+                };
+                match answer {
+                    CasAnswer::Done => Ok(()),
+                    CasAnswer::Busy => {
+                        tally.busy.fetch_add(1, Ordering::Relaxed);
+                        Err(ReplicaError::Busy)
+                    }
+                    CasAnswer::Mismatch(current) => {
+                        tally.mismatches.fetch_add(1, Ordering::Relaxed);
+                        let mut newest = lock(&tally.current);
+                        if current > *newest {
+                            *newest = current;
+                        }
+                        Err(ReplicaError::Mismatch { current })
+                    }
+                }
+            }
+        };
+        let plan = {
+            let scores = lock(&self.inner.scores);
+            let mut rng = lock(&self.inner.rng);
+            scores.plan(config, replicas, now(), &mut *rng)?
+        };
+        let (done, _) = drive(&self.inner.scores, plan, ask, Leftover::Finish).await;
+        Ok(done.len())
+    }
+}

@@ -1,0 +1,111 @@
+//! Answer other members' fetch and store requests, and refuse non-members and stamps from the future.
+//!
+//! Every inbound object request passes the same gate before the store is touched: the sender must
+//! be a member of this node's cluster (else [`Refusal::NotMember`]), and its clock and any version
+//! it carries must pass this node's hybrid clock ([`Refusal::ClockSkew`] beyond `max_clock_skew`,
+//! [`Refusal::VersionLimit`] at `u64::MAX`). A refused request gets a refusal answer, is counted in
+//! `meshwire_object_refused_requests_total{reason}` and logged at warn with the sender's PeerId;
+//! a non-member's clock never moves this node's clock.
+
+use bytes::Bytes;
+use meshwire::{HandlerError, PeerId};
+
+use crate::proto::clock::ClockError;
+use crate::proto::object::{self, Refusal, Stamp, Stored};
+
+use super::{encode_fetched, lock, ObjectService, ReasonLabel};
+
+/// The refusal that answers a clock error.
+pub(super) fn refusal_of(error: ClockError) -> Refusal {
+    match error {
+        ClockError::AtLimit | ClockError::Exhausted => Refusal::VersionLimit,
+        _ => Refusal::ClockSkew,
+    }
+}
+
+impl ObjectService {
+    /// Answers `peer`'s fetch request from the local store, or refuses it.
+    pub fn serve_fetch(&self, peer: PeerId, body: &[u8]) -> Result<Bytes, HandlerError> {
+        let request = object::decode_fetch(body).map_err(malformed)?;
+        if let Err(reason) = self.admit(peer, request.clock, None) {
+            return self.refuse(peer, request.key, reason);
+        }
+        let held = self.inner.store.get(request.key).map_err(handler_error)?;
+        let clock = self.tick().map_err(handler_error)?;
+        Ok(encode_fetched(clock, request.mode, held.as_ref()))
+    }
+
+    /// Stores a copy sent by `peer` if it wins over the local one, or refuses it. Answers
+    /// [`Stored::Holds`] only when the store now holds exactly the version and hash sent.
+    pub fn serve_store(&self, peer: PeerId, body: Bytes) -> Result<Bytes, HandlerError> {
+        let request =
+            object::decode_store(&body, self.inner.config.max_object_bytes).map_err(malformed)?;
+        if let Err(reason) = self.admit(peer, request.clock, Some(request.stamp)) {
+            return self.refuse(peer, request.key, reason);
+        }
+        let held = self
+            .inner
+            .store
+            .put(
+                request.key,
+                request.stamp,
+                body.slice(request.content.clone()),
+            )
+            .map_err(handler_error)?;
+        let stored = if held == request.stamp {
+            Stored::Holds
+        } else {
+            Stored::Superseded(held)
+        };
+        let clock = self.tick().map_err(handler_error)?;
+        Ok(Bytes::from(object::encode_stored(clock, stored)))
+    }
+
+    /// Counts and logs a request from `peer` refused for `reason`.
+    pub(super) fn count_refused_request(&self, peer: PeerId, key: &str, reason: Refusal) {
+        self.inner
+            .metrics
+            .refused_requests
+            .get_or_create(&ReasonLabel {
+                reason: reason.name(),
+            })
+            .inc();
+        tracing::warn!(%peer, %key, reason = reason.name(), "object request refused");
+    }
+
+    /// Lets a request from `peer` sent at `clock` (carrying `stamp`, for a store) through the
+    /// membership and clock gate; the accepted clock and version move this node's clock.
+    pub(super) fn admit(
+        &self,
+        peer: PeerId,
+        clock: u64,
+        stamp: Option<Stamp>,
+    ) -> Result<(), Refusal> {
+        if !self.is_member(peer) {
+            return Err(Refusal::NotMember);
+        }
+        let now_ms = self.inner.physical.now_ms();
+        let mut hybrid = lock(&self.inner.clock);
+        // Both are checked before either is accepted, so a refused request moves nothing.
+        hybrid.check(clock, now_ms).map_err(refusal_of)?;
+        if let Some(stamp) = stamp {
+            hybrid.check(stamp.version, now_ms).map_err(refusal_of)?;
+            hybrid.observe(stamp.version, now_ms).map_err(refusal_of)?;
+        }
+        hybrid.observe(clock, now_ms).map_err(refusal_of)
+    }
+
+    fn refuse(&self, peer: PeerId, key: &str, reason: Refusal) -> Result<Bytes, HandlerError> {
+        self.count_refused_request(peer, key, reason);
+        let clock = self.tick().map_err(handler_error)?;
+        Ok(Bytes::from(object::encode_refusal(clock, reason)))
+    }
+}
+
+fn malformed(error: impl std::error::Error + Send + Sync + 'static) -> HandlerError {
+    HandlerError::Malformed(Box::new(error))
+}
+
+fn handler_error(error: impl std::error::Error + Send + Sync + 'static) -> HandlerError {
+    HandlerError::Failed(Box::new(error))
+}

@@ -1,0 +1,233 @@
+//! Conditional writes over HTTP on three loopback daemons: If-Match, If-None-Match, 412, 409, 400.
+#![cfg(feature = "net")]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use meshwire_objects::net::{Daemon, ObjectConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+struct Reply {
+    status: u16,
+    etag: Option<String>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).expect("a JSON body")
+    }
+}
+
+/// One HTTP/1.1 exchange with `Connection: close` and extra `headers`.
+async fn http(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Reply {
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap();
+    let etag = head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("etag")
+            .then(|| value.trim().to_string())
+    });
+    Reply {
+        status,
+        etag,
+        body: raw[split + 4..].to_vec(),
+    }
+}
+
+async fn cluster() -> Vec<Daemon> {
+    let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut daemons = Vec::new();
+    for _ in 0..3 {
+        daemons.push(
+            Daemon::builder(ObjectConfig::default())
+                .http(loopback)
+                .bind(loopback, |_| {})
+                .await
+                .unwrap(),
+        );
+    }
+    let ids: Vec<_> = daemons.iter().map(|d| d.node().peer_id()).collect();
+    for daemon in &daemons {
+        daemon.service().set_members(ids.iter().copied());
+    }
+    for (index, daemon) in daemons.iter().enumerate() {
+        for other in &daemons[index + 1..] {
+            let address = other.node().local_addr().unwrap();
+            daemon
+                .node()
+                .connect(address, other.node().peer_id())
+                .await
+                .unwrap();
+        }
+    }
+    tokio::time::timeout(PATIENCE, async {
+        while daemons
+            .iter()
+            .any(|daemon| daemon.node().connected_peers().len() < 2)
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the daemons connect");
+    daemons
+}
+
+#[tokio::test]
+async fn preconditions_are_checked_and_bad_ones_are_refused() {
+    let daemons = cluster().await;
+    let api = daemons[0].http_address().unwrap();
+    let create = [("If-None-Match", "*")];
+    let first = http(api, "PUT", "/objects/deed", &create, b"first").await;
+    assert_eq!(
+        first.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    let etag = first.json()["etag"].as_str().unwrap().to_string();
+    let again = http(api, "PUT", "/objects/deed", &create, b"second").await;
+    assert_eq!(again.status, 412);
+    assert_eq!(again.json()["error"], "precondition_failed");
+    assert_eq!(again.json()["current_etag"], etag.as_str());
+
+    // The ETag a read returns is the one a conditional write takes.
+    let read = http(
+        daemons[1].http_address().unwrap(),
+        "GET",
+        "/objects/deed",
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(read.etag.as_deref(), Some(etag.as_str()));
+    let update = http(
+        api,
+        "PUT",
+        "/objects/deed",
+        &[("If-Match", &etag)],
+        b"second",
+    )
+    .await;
+    assert_eq!(update.status, 201);
+    let stale = http(
+        api,
+        "PUT",
+        "/objects/deed",
+        &[("If-Match", &etag)],
+        b"third",
+    )
+    .await;
+    assert_eq!(stale.status, 412);
+    let read = http(api, "GET", "/objects/deed", &[], b"").await;
+    assert_eq!(read.body, b"second");
+
+    for (name, value) in [
+        ("If-Match", "not-an-etag"),
+        ("If-Match", "*"),
+        ("If-Match", "W/\"1-00\""),
+        ("If-None-Match", etag.as_str()),
+    ] {
+        let bad = http(api, "PUT", "/objects/deed", &[(name, value)], b"x").await;
+        assert_eq!(bad.status, 400, "{name}: {value}");
+        assert_eq!(bad.json()["error"], "invalid_precondition");
+    }
+    for daemon in daemons {
+        daemon.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn concurrent_increments_through_three_nodes_count_every_success_once() {
+    let daemons = cluster().await;
+    let apis: Vec<SocketAddr> = daemons.iter().map(|d| d.http_address().unwrap()).collect();
+    let created = http(
+        apis[0],
+        "PUT",
+        "/objects/counter",
+        &[("If-None-Match", "*")],
+        b"0",
+    )
+    .await;
+    assert_eq!(created.status, 201);
+    const ATTEMPTS: usize = 40;
+    let workers: Vec<_> = apis
+        .iter()
+        .map(|&api| {
+            tokio::spawn(async move {
+                let mut successes = 0u64;
+                let mut conflicts = 0u64;
+                let mut mismatches = 0u64;
+                for _ in 0..ATTEMPTS {
+                    let read = http(api, "GET", "/objects/counter", &[], b"").await;
+                    assert_eq!(read.status, 200);
+                    let value: u64 = std::str::from_utf8(&read.body).unwrap().parse().unwrap();
+                    let etag = read.etag.unwrap();
+                    let next = (value + 1).to_string();
+                    let put = http(
+                        api,
+                        "PUT",
+                        "/objects/counter",
+                        &[("If-Match", &etag)],
+                        next.as_bytes(),
+                    )
+                    .await;
+                    match put.status {
+                        201 => successes += 1,
+                        409 => conflicts += 1,
+                        412 => mismatches += 1,
+                        other => {
+                            panic!("unexpected {other}: {}", String::from_utf8_lossy(&put.body))
+                        }
+                    }
+                }
+                (successes, conflicts, mismatches)
+            })
+        })
+        .collect();
+    let (mut successes, mut conflicts, mut mismatches) = (0, 0, 0);
+    for worker in workers {
+        let (ok, conflict, mismatch) = worker.await.unwrap();
+        successes += ok;
+        conflicts += conflict;
+        mismatches += mismatch;
+    }
+    let read = http(apis[2], "GET", "/objects/counter", &[], b"").await;
+    let value: u64 = std::str::from_utf8(&read.body).unwrap().parse().unwrap();
+    assert_eq!(
+        value, successes,
+        "{conflicts} conflicts, {mismatches} mismatches"
+    );
+    assert!(successes > 0);
+    println!("{successes} increments succeeded, {conflicts} got 409, {mismatches} got 412");
+    for daemon in daemons {
+        daemon.shutdown().await.unwrap();
+    }
+}
