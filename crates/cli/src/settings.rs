@@ -251,7 +251,8 @@ fn parse_congestion(name: &str) -> anyhow::Result<Congestion> {
         "cubic" => Congestion::Cubic,
         "bbr" => Congestion::Bbr,
         "newreno" => Congestion::NewReno,
-        other => bail!("unknown congestion controller {other:?} (cubic, bbr, newreno)"),
+        "meshwire" => Congestion::Meshwire,
+        other => bail!("unknown congestion controller {other:?} (cubic, bbr, newreno, meshwire)"),
     })
 }
 

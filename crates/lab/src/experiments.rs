@@ -457,6 +457,8 @@ pub enum CongestionParam {
     /// NewReno (also spelt `new-reno`).
     #[serde(alias = "new-reno")]
     NewReno,
+    /// meshwire's loss-discriminating CUBIC (`meshwire::congestion`).
+    Meshwire,
 }
 
 impl From<CongestionParam> for meshwire::Congestion {
@@ -465,6 +467,7 @@ impl From<CongestionParam> for meshwire::Congestion {
             CongestionParam::Cubic => Self::Cubic,
             CongestionParam::Bbr => Self::Bbr,
             CongestionParam::NewReno => Self::NewReno,
+            CongestionParam::Meshwire => Self::Meshwire,
         }
     }
 }

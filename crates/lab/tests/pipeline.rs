@@ -22,6 +22,7 @@ fn team(in_flight: usize, tune: fn(&mut NodeConfig)) -> Team {
         batch_deadline: Duration::from_secs(1),
         ping_interval: Duration::from_millis(100),
         initial_window_bytes: None,
+        congestion: meshwire::Congestion::default(),
         tune,
     }
 }

@@ -25,6 +25,10 @@ pub enum Congestion {
     Bbr,
     /// NewReno (RFC 9002).
     NewReno,
+    /// meshwire's: CUBIC that backs off only for losses that are congestion (a queue in the RTT,
+    /// heavy loss, ECN), and keeps slow start through application-limited bursts while the path
+    /// shows no queue ([`crate::congestion`]).
+    Meshwire,
 }
 
 /// QUIC transport settings. Windows come from a bandwidth-delay product, never from quinn's
@@ -159,6 +163,9 @@ impl TransportSettings {
                 }
                 config.congestion_controller_factory(Arc::new(new_reno))
             }
+            Congestion::Meshwire => config.congestion_controller_factory(Arc::new(
+                crate::congestion::MeshwireConfig::new(self.bandwidth_bits_per_sec, initial_window),
+            )),
         };
         Ok(config)
     }

@@ -24,6 +24,7 @@
 pub struct ReadmeDoctests;
 
 mod config;
+pub mod congestion;
 mod datagram;
 mod framing;
 mod identity;

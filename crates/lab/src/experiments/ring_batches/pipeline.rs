@@ -22,7 +22,6 @@ use meshwire::protocols::HOP;
 use meshwire::{BatchHeader, Chunk, Congestion, Node, NodeConfig, PeerId};
 
 use super::workload::{team_batch, team_metrics, Params, Workload};
-use crate::experiments::CongestionParam;
 use crate::experiments::Trial;
 use crate::lab::{clock, HostContext, Lab};
 use crate::placement::SharedLog;
@@ -44,6 +43,8 @@ pub struct Team {
     pub ping_interval: Duration,
     /// Every node's initial congestion window (`None`: the standard start).
     pub initial_window_bytes: Option<u64>,
+    /// Every node's congestion controller.
+    pub congestion: Congestion,
     /// Adjusts every node's config (timeouts, backoff).
     pub tune: fn(&mut NodeConfig),
 }
@@ -124,6 +125,7 @@ impl Team {
     ) -> Result<(Node, Pipeline), Box<dyn std::error::Error>> {
         let mut config = context.node_config();
         config.transport.initial_window_bytes = self.initial_window_bytes;
+        config.transport.congestion = self.congestion;
         (self.tune)(&mut config);
         let (node, _) = context.start_node(config).await?;
         let next = (index + 1) % self.nodes;
@@ -222,11 +224,8 @@ pub fn run(
             0 => None,
             bytes => Some(bytes),
         },
-        tune: match params.congestion {
-            CongestionParam::Cubic => |config| config.transport.congestion = Congestion::Cubic,
-            CongestionParam::Bbr => |config| config.transport.congestion = Congestion::Bbr,
-            CongestionParam::NewReno => |config| config.transport.congestion = Congestion::NewReno,
-        },
+        congestion: Congestion::from(params.congestion),
+        tune: |_| {},
     };
     let spec = case
         .link
