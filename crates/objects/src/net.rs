@@ -6,5 +6,8 @@ pub mod service;
 pub mod store;
 
 pub use daemon::{Daemon, DaemonBuilder, DaemonError};
+pub use http::auth::{AuthError, HttpAuth, Token, TOKEN_FILE};
+pub use http::limits::{HttpLimits, LimitsError};
+pub use http::serve::HttpMetrics;
 pub use service::{ObjectConfig, ObjectService, ObjectServiceError, ReplicaError};
 pub use store::{Store, StoreError, StoredObject};

@@ -155,6 +155,11 @@ pub enum Fetched<B> {
 
 const STAMP_LEN: usize = 8 + 32;
 
+/// The largest header an object message puts before its content (a store request with a key of
+/// [`MAX_KEY_LEN`] bytes): an object of `max_payload_bytes - MAX_MESSAGE_OVERHEAD` bytes still fits
+/// in one frame.
+pub const MAX_MESSAGE_OVERHEAD: usize = STAMP_LEN + 2 + MAX_KEY_LEN;
+
 fn need(bytes: &[u8], needed: usize) -> Result<(), ObjectError> {
     if bytes.len() < needed {
         return Err(ObjectError::Truncated {
