@@ -84,9 +84,13 @@ fn main() -> anyhow::Result<()> {
 
 async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     let settings = Settings::load(&args)?;
+    // Signal handlers first, so a SIGTERM during startup is not the default (immediate) exit.
+    let mut stop = Stop::install()?;
     let daemon = Daemon::builder(settings.objects)
         .data_dir(&settings.data_dir)
         .http(settings.http)
+        .http_limits(settings.http_limits.clone())
+        .http_auth(settings.http_auth.clone())
         .bind(settings.listen, |config| settings.apply(config))
         .await?;
     let node = daemon.node().clone();
@@ -95,8 +99,29 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
         peer_id = %node.peer_id(),
         address = %node.local_addr()?,
         http = %format!("http://{}", daemon.http_address().unwrap_or(settings.http)),
-        "node running; stop with ctrl-c"
+        "node running; stop with ctrl-c or SIGTERM"
     );
+    if let Some(token) = daemon.http_token() {
+        let path = token
+            .path
+            .as_ref()
+            .map_or_else(|| "(memory)".to_string(), |p| p.display().to_string());
+        let required = if daemon.http_token_required() {
+            "required on every request"
+        } else {
+            "optional on loopback"
+        };
+        // The secret itself is printed once, when it is created; afterwards only its file.
+        if token.created {
+            println!(
+                "HTTP token ({required}): {} (saved in {path})",
+                token.secret
+            );
+        } else {
+            println!("HTTP token ({required}): in {path}");
+        }
+        println!("  use: curl -H \"Authorization: Bearer $(cat {path})\" ...");
+    }
     let mut events = node.events();
     for peer in &settings.peers {
         node.add_peer(peer.address, peer.peer_id)?;
@@ -104,7 +129,10 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     let mut status = tokio::time::interval(Duration::from_secs(30));
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
+            signal = stop.next() => {
+                tracing::info!(signal, "stopping");
+                break;
+            }
             event = events.recv() => match event {
                 Ok(ConnectionEvent::Connected { peer, address, direction }) => {
                     tracing::info!(peer = %peer, %address, ?direction, "connected");
@@ -136,5 +164,44 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("shutting down");
     daemon.shutdown().await?;
+    tracing::info!("stopped");
     Ok(())
+}
+
+/// SIGINT (ctrl-c) and, on Unix, SIGTERM: either starts a graceful shutdown.
+/// Both are registered once, so a signal arriving between two waits is not lost.
+struct Stop {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    fn install() -> anyhow::Result<Self> {
+        #[cfg(unix)]
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            #[cfg(unix)]
+            interrupt: signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
+            #[cfg(unix)]
+            terminate: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
+        })
+    }
+
+    /// Resolves with the signal's name when one arrives.
+    async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.interrupt.recv() => "SIGINT",
+                _ = self.terminate.recv() => "SIGTERM",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
+    }
 }

@@ -150,6 +150,7 @@ impl DaemonBuilder {
         listen: SocketAddr,
         configure: impl FnOnce(&mut NodeConfig),
     ) -> Result<Daemon, DaemonError> {
+        self.check_http()?;
         let keypair = match &self.data_dir {
             Some(dir) => Keypair::load_or_create(dir)?,
             None => Keypair::generate(),
@@ -169,11 +170,19 @@ impl DaemonBuilder {
         }
     }
 
+    /// Checks the HTTP settings before anything is opened or listens.
+    fn check_http(&self) -> Result<(), DaemonError> {
+        self.http_limits.validate()?;
+        if let Some(address) = self.http {
+            self.http_auth.check(address)?;
+        }
+        Ok(())
+    }
+
     /// Starts the store, the object service and the HTTP API (if asked for) on `node`, which
     /// keeps its own identity: a data directory holds only the store then.
     pub async fn start(self, node: Node) -> Result<Daemon, DaemonError> {
-        // Settings are checked before anything is opened or listens.
-        self.http_limits.validate()?;
+        self.check_http()?;
         let token = match (self.http, &self.data_dir) {
             (None, _) => None,
             (Some(_), Some(dir)) => {

@@ -191,6 +191,18 @@ pub(crate) fn warn_if_readable_by_others(path: &Path) {
 }
 
 impl HttpAuth {
+    /// Refuses a non-loopback `address` that would be served without a token, unless the
+    /// danger setting allows it.
+    pub fn check(&self, address: SocketAddr) -> Result<(), AuthError> {
+        let unauthenticated = !address.ip().is_loopback()
+            && self.require_token == Some(false)
+            && !self.danger_allow_unauthenticated;
+        if unauthenticated {
+            return Err(AuthError::Unauthenticated { address });
+        }
+        Ok(())
+    }
+
     /// Resolves the policy for `address`: whether the token is required, or an error when a
     /// non-loopback address would be served without one.
     pub(crate) fn gate(
