@@ -92,6 +92,7 @@ struct FileHttp {
     max_connections: Option<usize>,
     max_connections_per_client: Option<usize>,
     max_concurrent_requests: Option<usize>,
+    max_body_bytes_in_flight: Option<usize>,
     retry_after_secs: Option<u64>,
     shutdown_grace_ms: Option<u64>,
     require_token: Option<bool>,
@@ -283,6 +284,9 @@ fn http_limits(file: &FileHttp) -> anyhow::Result<HttpLimits> {
     }
     if let Some(max) = file.max_concurrent_requests {
         limits.max_concurrent_requests = max;
+    }
+    if let Some(max) = file.max_body_bytes_in_flight {
+        limits.max_body_bytes_in_flight = max;
     }
     limits.validate().context("[http] is invalid")?;
     Ok(limits)

@@ -245,7 +245,11 @@ async fn a_connection_flood_gets_503_and_others_still_get_answers() {
     assert_eq!(over.status, 503, "{}", over.head);
     assert_eq!(over.error_code(), "busy");
     assert_eq!(over.header("retry-after").as_deref(), Some("2"));
-    assert_eq!(refused(&daemon, "client_connection_limit"), 1);
+    // A connection over the cap that sends nothing is answered too, and closed.
+    let mut silent = TcpStream::connect(address).await.unwrap();
+    let answer = read_until_closed(&mut silent).await.expect("an answer");
+    assert_eq!(answer.status, 503);
+    assert_eq!(refused(&daemon, "client_connection_limit"), 2);
     // Another client is still served.
     let mut other = connect_from("127.0.0.2", address).await;
     other
@@ -307,6 +311,68 @@ async fn requests_over_the_concurrency_cap_get_503() {
     assert_eq!(&raw, b"HTTP/1.1 201");
     assert_eq!(exchange(address, &get("/status", "")).await.status, 200);
     daemon.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn bodies_over_the_byte_budget_get_503() {
+    let limits = HttpLimits {
+        body_idle_timeout: Duration::from_secs(5),
+        min_body_bytes_per_sec: 0,
+        max_body_bytes_in_flight: 1024 * 1024,
+        ..HttpLimits::default()
+    };
+    let objects = ObjectConfig {
+        max_object_bytes: 1024 * 1024,
+        ..single()
+    };
+    let daemon = Daemon::builder(objects)
+        .http(loopback())
+        .http_limits(limits.clone())
+        .bind(loopback(), |_| {})
+        .await
+        .unwrap();
+    let address = daemon.http_address().unwrap();
+    // A PUT of the whole budget, its body still coming.
+    let mut holder = TcpStream::connect(address).await.unwrap();
+    holder
+        .write_all(b"PUT /objects/big HTTP/1.1\r\nHost: node\r\nContent-Length: 1048576\r\n\r\nab")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let small = "PUT /objects/small HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\
+                 Content-Length: 1\r\n\r\nx";
+    let busy = exchange(address, small).await;
+    assert_eq!(busy.status, 503);
+    assert_eq!(busy.error_code(), "busy");
+    assert_eq!(refused(&daemon, "body_budget"), 1);
+    // Reads hold no budget.
+    assert_eq!(exchange(address, &get("/status", "")).await.status, 200);
+    drop(holder);
+    let mut stored = false;
+    for _ in 0..50 {
+        if exchange(address, small).await.status == 201 {
+            stored = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(stored, "the budget came back when the held PUT ended");
+    daemon.shutdown().await.unwrap();
+
+    // A budget below one largest object is refused at start.
+    let refused = Daemon::builder(ObjectConfig {
+        max_object_bytes: 2 * 1024 * 1024,
+        ..single()
+    })
+    .http(loopback())
+    .http_limits(limits)
+    .bind(loopback(), |_| {})
+    .await
+    .unwrap_err();
+    assert!(
+        refused.to_string().contains("max_body_bytes_in_flight"),
+        "{refused}"
+    );
 }
 
 #[tokio::test]

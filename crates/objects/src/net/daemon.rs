@@ -172,7 +172,8 @@ impl DaemonBuilder {
 
     /// Checks the HTTP settings before anything is opened or listens.
     fn check_http(&self) -> Result<(), DaemonError> {
-        self.http_limits.validate()?;
+        self.http_limits
+            .validate_for(self.objects.max_object_bytes)?;
         if let Some(address) = self.http {
             self.http_auth.check(address)?;
         }

@@ -52,8 +52,16 @@ pub const CHUNK_BYTES: usize = 64 * 1024;
 /// The header that switches a read to local-only when its value is `local`.
 pub const READ_MODE_HEADER: &str = "x-meshwire-read";
 
+/// Bytes of request bodies that may be held at once, in KiB permits.
+#[derive(Debug, Clone)]
+struct BodyBudget {
+    kib: Arc<Semaphore>,
+    limits: Arc<HttpLimits>,
+    metrics: serve::HttpMetrics,
+}
+
 /// The API's routes over `service`, without limits or authentication.
-pub fn routes(service: ObjectService) -> Router {
+fn routes(service: ObjectService) -> Router {
     Router::new()
         .route("/objects/{key}", get(get_object).put(put_object))
         .route("/status", get(status))
@@ -68,7 +76,15 @@ pub(crate) fn router(service: ObjectService, gate: Gate, limits: &HttpLimits) ->
     let requests = Arc::new(Semaphore::new(limits.max_concurrent_requests));
     let busy = Arc::new(limits.clone());
     let counted = gate.clone();
+    let budget = BodyBudget {
+        kib: Arc::new(Semaphore::new(
+            limits.max_body_bytes_in_flight.div_ceil(1024),
+        )),
+        limits: busy.clone(),
+        metrics: gate.metrics().clone(),
+    };
     routes(service)
+        .layer(axum::Extension(budget))
         .layer(middleware::from_fn(move |request, next| {
             request_slot(
                 requests.clone(),
@@ -118,6 +134,7 @@ struct Written {
 async fn put_object(
     State(service): State<ObjectService>,
     KeyPath(key): KeyPath,
+    axum::Extension(budget): axum::Extension<BodyBudget>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ObjectServiceError> {
@@ -130,6 +147,15 @@ async fn put_object(
     if let Some(len) = declared.filter(|len| *len > max) {
         return Err(ObjectServiceError::TooLarge { len, max });
     }
+    // The body's bytes are reserved before it is read, and held until the write is done.
+    let reserve_kib = declared.unwrap_or(max).div_ceil(1024).max(1);
+    let reserved = u32::try_from(reserve_kib)
+        .ok()
+        .and_then(|kib| budget.kib.clone().try_acquire_many_owned(kib).ok());
+    let Some(_reserved) = reserved else {
+        budget.metrics.refuse("body_budget");
+        return Ok(errors::busy(&budget.limits));
+    };
     // Without a Content-Length the body is read up to the limit; past it, the request is refused.
     let content = match axum::body::to_bytes(body, max).await {
         Ok(content) => content,

@@ -28,15 +28,25 @@ pub(crate) fn error(
     (status, Json(body)).into_response()
 }
 
+/// The JSON body of `503 busy`.
+pub(crate) fn busy_json(retry_after: u64) -> serde_json::Value {
+    json!({
+        "error": "busy",
+        "message": format!(
+            "the node is at its connection or request limit; retry after {retry_after} s"
+        ),
+        "retry_after_secs": retry_after,
+    })
+}
+
 /// `503 busy` with `Retry-After`: the node is at one of its connection or request caps.
 pub(crate) fn busy(limits: &HttpLimits) -> Response {
     let retry_after = limits.retry_after_secs();
-    let mut response = error(
+    let mut response = (
         StatusCode::SERVICE_UNAVAILABLE,
-        "busy",
-        format!("the node is at its connection or request limit; retry after {retry_after} s"),
-        json!({ "retry_after_secs": retry_after }),
-    );
+        Json(busy_json(retry_after)),
+    )
+        .into_response();
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));

@@ -13,11 +13,12 @@
 //!   body, a `Content-Length` larger than what is sent).
 //! - `body_too_slow`: after [`HttpLimits::min_body_rate_grace`], the body must have arrived at
 //!   [`HttpLimits::min_body_bytes_per_sec`] on average since the request began.
-//! - `connection_limit`, `client_connection_limit`, `request_limit`: over
-//!   [`HttpLimits::max_connections`], [`HttpLimits::max_connections_per_client`] or
-//!   [`HttpLimits::max_concurrent_requests`], the request gets `503 busy` with `Retry-After`.
+//! - `connection_limit`, `client_connection_limit`, `request_limit`, `body_budget`: over
+//!   [`HttpLimits::max_connections`], [`HttpLimits::max_connections_per_client`],
+//!   [`HttpLimits::max_concurrent_requests`] or [`HttpLimits::max_body_bytes_in_flight`], the
+//!   request gets `503 busy` with `Retry-After`.
 //!
-//! Memory held by request bodies is at most `max_concurrent_requests × max_object_bytes`.
+//! Memory held by request bodies is at most [`HttpLimits::max_body_bytes_in_flight`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -44,11 +45,17 @@ pub struct HttpLimits {
     /// Time a request body may take before its rate is checked (default 5 s).
     pub min_body_rate_grace: Duration,
     /// Open connections in total (default 256); past it, a connection gets one `503` and is closed.
+    /// Lowered at start, with a warning, when the open-files limit could not hold them together
+    /// with the node's own descriptors.
     pub max_connections: usize,
     /// Open connections from one client IP address (default 32).
     pub max_connections_per_client: usize,
     /// Requests handled at once (default 64); past it, a request gets `503`.
     pub max_concurrent_requests: usize,
+    /// Bytes of request bodies held at once (default 64 MiB, at least `max_object_bytes`). A PUT
+    /// reserves its `Content-Length` (`max_object_bytes` when chunked) before reading its body
+    /// and keeps it until the write is done; a PUT that does not fit gets `503 busy`.
+    pub max_body_bytes_in_flight: usize,
     /// The `Retry-After` a `503 busy` carries (default 1 s, rounded up to whole seconds).
     pub retry_after: Duration,
     /// How long a shutdown lets requests in flight finish before cutting them (default 5 s).
@@ -65,6 +72,7 @@ impl Default for HttpLimits {
             max_connections: 256,
             max_connections_per_client: 32,
             max_concurrent_requests: 64,
+            max_body_bytes_in_flight: 64 * 1024 * 1024,
             retry_after: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(5),
         }
@@ -78,9 +86,33 @@ pub enum LimitsError {
     /// The named setting must be positive.
     #[error("invalid HTTP limits: {0} must be positive")]
     Zero(&'static str),
+    /// The body budget cannot hold one largest object.
+    #[error(
+        "invalid HTTP limits: max_body_bytes_in_flight ({budget}) must be at least \
+         max_object_bytes ({max_object_bytes}), or the largest PUT could never be accepted"
+    )]
+    BodyBudget {
+        /// `max_body_bytes_in_flight`.
+        budget: usize,
+        /// `max_object_bytes`.
+        max_object_bytes: usize,
+    },
 }
 
 impl HttpLimits {
+    /// Checks that every bound lets at least something through, and that the body budget holds
+    /// one object of `max_object_bytes`.
+    pub fn validate_for(&self, max_object_bytes: usize) -> Result<(), LimitsError> {
+        self.validate()?;
+        if self.max_body_bytes_in_flight < max_object_bytes {
+            return Err(LimitsError::BodyBudget {
+                budget: self.max_body_bytes_in_flight,
+                max_object_bytes,
+            });
+        }
+        Ok(())
+    }
+
     /// Checks that every bound lets at least something through.
     pub fn validate(&self) -> Result<(), LimitsError> {
         for (name, zero) in [
@@ -92,6 +124,10 @@ impl HttpLimits {
                 self.max_connections_per_client == 0,
             ),
             ("max_concurrent_requests", self.max_concurrent_requests == 0),
+            (
+                "max_body_bytes_in_flight",
+                self.max_body_bytes_in_flight == 0,
+            ),
         ] {
             if zero {
                 return Err(LimitsError::Zero(name));

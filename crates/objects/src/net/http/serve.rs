@@ -1,7 +1,7 @@
 //! Accept HTTP connections under caps (total, per client address) and serve each with hyper.
 //!
-//! A connection over a cap is not simply dropped: it is served one `503 busy` with
-//! `Retry-After` and closed, so the client learns to back off. Those answers are themselves
+//! A connection over a cap is not simply dropped: it is answered `503 busy` with `Retry-After`
+//! at once and closed, so the client learns to back off. Those answers are themselves
 //! bounded ([`OVERFLOW_ANSWERS`] at once); past that a connection is closed unanswered (counted
 //! as `overflow`). Accept errors (such as running out of file descriptors) are counted as
 //! `accept_error` and retried after a pause instead of spinning.
@@ -24,6 +24,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -34,8 +35,45 @@ use super::limits::{HttpLimits, TimedBody};
 /// Connections over a cap that are answered `503` at once; past it they are closed unanswered.
 pub const OVERFLOW_ANSWERS: usize = 32;
 
+/// How long a connection answered `503 busy` is read from (and its bytes dropped) before closing.
+const BUSY_LINGER: Duration = Duration::from_secs(1);
+
+/// Most bytes read and dropped from a connection answered `503 busy`.
+const BUSY_DRAIN_BYTES: usize = 64 * 1024;
+
 /// How long the accept loop pauses after an accept error (for example, no file descriptors left).
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// File descriptors kept for everything but HTTP connections (store, sockets, logs, the runtime).
+const RESERVED_DESCRIPTORS: u64 = 64;
+
+/// The process's soft limit of open files, where the OS tells it without `unsafe` (Linux).
+fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// `max_connections`, lowered so that admitted connections, the busy answers and the node's own
+/// descriptors fit under the open-files limit: past it, accept fails and nobody is answered.
+pub(crate) fn connection_cap(max_connections: usize) -> usize {
+    let Some(limit) = open_files_limit() else {
+        return max_connections;
+    };
+    let room = limit.saturating_sub(RESERVED_DESCRIPTORS + OVERFLOW_ANSWERS as u64);
+    let room = usize::try_from(room).unwrap_or(usize::MAX).max(1);
+    if room < max_connections {
+        tracing::warn!(
+            max_connections,
+            open_files_limit = limit,
+            effective = room,
+            "HTTP max_connections lowered to fit the open-files limit (raise it with ulimit -n)"
+        );
+    }
+    max_connections.min(room)
+}
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
@@ -142,7 +180,7 @@ pub(crate) async fn serve(
     metrics: HttpMetrics,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let total = Arc::new(Semaphore::new(limits.max_connections));
+    let total = Arc::new(Semaphore::new(connection_cap(limits.max_connections)));
     let overflow = Arc::new(Semaphore::new(OVERFLOW_ANSWERS));
     let clients = Arc::new(ClientSlots::default());
     let graceful = GracefulShutdown::new();
@@ -173,7 +211,7 @@ pub(crate) async fn serve(
                 metrics.refuse(reason);
                 match overflow.clone().try_acquire_owned() {
                     Ok(permit) => {
-                        tasks.spawn(answer_busy(stream, limits.clone(), builder.clone(), permit));
+                        tasks.spawn(answer_busy(stream, limits.clone(), permit));
                     }
                     Err(_) => metrics.refuse("overflow"),
                 }
@@ -243,19 +281,55 @@ fn admit(
     })
 }
 
-/// Answers one request on `stream` with `503 busy` and closes it (bounded by the header timeout).
+/// Answers `503 busy` on `stream` at once, without waiting for a request (a flood of idle
+/// connections learns of the cap as fast as one that sends), then closes it. What the client
+/// still sends is read and dropped for up to [`BUSY_LINGER`], so that closing does not reset the
+/// connection before the client has read the answer.
 async fn answer_busy(
-    stream: TcpStream,
+    mut stream: TcpStream,
     limits: Arc<HttpLimits>,
-    mut builder: http1::Builder,
     _permit: OwnedSemaphorePermit,
 ) {
-    builder.keep_alive(false);
-    let service = hyper::service::service_fn(move |_request: Request<Incoming>| {
-        let response = super::errors::busy(&limits);
-        async move { Ok::<_, Infallible>(response) }
-    });
-    let _ = builder
-        .serve_connection(TokioIo::new(stream), service)
-        .await;
+    let retry_after = limits.retry_after_secs();
+    let body = super::errors::busy_json(retry_after).to_string();
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: {retry_after}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let answer = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        let mut drained = 0;
+        while drained < BUSY_DRAIN_BYTES {
+            let read = stream.read(&mut sink).await?;
+            if read == 0 {
+                break;
+            }
+            drained += read;
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    let _ = tokio::time::timeout(BUSY_LINGER, answer).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connection_cap_fits_under_the_open_files_limit() {
+        assert_eq!(connection_cap(8), 8);
+        if let Some(limit) = open_files_limit() {
+            let cap = connection_cap(usize::MAX) as u64;
+            let reserved = RESERVED_DESCRIPTORS + OVERFLOW_ANSWERS as u64;
+            // A limit below the reserve still admits one connection.
+            assert!(
+                cap == 1 || cap + reserved <= limit,
+                "cap {cap}, limit {limit}"
+            );
+        }
+    }
 }
