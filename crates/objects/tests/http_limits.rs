@@ -395,10 +395,9 @@ async fn the_token_is_required_when_configured() {
     );
     let wrong = exchange(address, &get("/status", "Authorization: Bearer nope\r\n")).await;
     assert_eq!(wrong.status, 401);
-    let put = format!(
-        "PUT /objects/k HTTP/1.1\r\nHost: node\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx"
-    );
-    assert_eq!(exchange(address, &put).await.status, 401);
+    let put =
+        "PUT /objects/k HTTP/1.1\r\nHost: node\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx";
+    assert_eq!(exchange(address, put).await.status, 401);
     let right = exchange(
         address,
         &get("/status", &format!("Authorization: Bearer {secret}\r\n")),
@@ -409,6 +408,36 @@ async fn the_token_is_required_when_configured() {
     assert_eq!(exchange(address, &get("/metrics", "")).await.status, 200);
     assert_eq!(refused(&daemon, "unauthorized"), 3);
     daemon.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_lets_a_request_in_flight_finish_and_stops_accepting() {
+    let limits = HttpLimits {
+        body_idle_timeout: Duration::from_secs(5),
+        min_body_bytes_per_sec: 0,
+        shutdown_grace: Duration::from_secs(5),
+        ..HttpLimits::default()
+    };
+    let daemon = start(limits, HttpAuth::default()).await;
+    let address = daemon.http_address().unwrap();
+    let mut in_flight = TcpStream::connect(address).await.unwrap();
+    in_flight
+        .write_all(b"PUT /objects/late HTTP/1.1\r\nHost: node\r\nContent-Length: 4\r\n\r\nab")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stopping = tokio::spawn(daemon.shutdown());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // No new connection is accepted while the old request finishes.
+    assert!(TcpStream::connect(address).await.is_err());
+    in_flight.write_all(b"cd").await.unwrap();
+    let answer = read_until_closed(&mut in_flight).await.expect("an answer");
+    assert_eq!(answer.status, 201, "{}", answer.head);
+    tokio::time::timeout(PATIENCE, stopping)
+        .await
+        .expect("shutdown ends once the request is done")
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
