@@ -4,6 +4,7 @@ mod demo;
 mod lab;
 mod progress;
 mod settings;
+mod signals;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use meshwire::{ConnectionEvent, Keypair};
 use meshwire_objects::net::Daemon;
 
 use crate::settings::{NodeArgs, Settings};
+use crate::signals::Stop;
 
 // Counting costs a thread-local increment per allocation; it lets `meshwire lab` measure a
 // sender's heap (scenarios/safe-fanout.toml).
@@ -47,7 +49,7 @@ enum Command {
     /// Start 5 nodes on loopback, exchange messages, requests and a fan-out, PUT and GET an object
     /// over their HTTP APIs, print a table and the URLs.
     Demo {
-        /// Keep the nodes and their HTTP APIs running until ctrl-c.
+        /// Keep the nodes and their HTTP APIs running until ctrl-c or SIGTERM.
         #[arg(long)]
         serve: bool,
     },
@@ -166,42 +168,4 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     daemon.shutdown().await?;
     tracing::info!("stopped");
     Ok(())
-}
-
-/// SIGINT (ctrl-c) and, on Unix, SIGTERM: either starts a graceful shutdown.
-/// Both are registered once, so a signal arriving between two waits is not lost.
-struct Stop {
-    #[cfg(unix)]
-    interrupt: tokio::signal::unix::Signal,
-    #[cfg(unix)]
-    terminate: tokio::signal::unix::Signal,
-}
-
-impl Stop {
-    fn install() -> anyhow::Result<Self> {
-        #[cfg(unix)]
-        use tokio::signal::unix::{signal, SignalKind};
-        Ok(Self {
-            #[cfg(unix)]
-            interrupt: signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
-            #[cfg(unix)]
-            terminate: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
-        })
-    }
-
-    /// Resolves with the signal's name when one arrives.
-    async fn next(&mut self) -> &'static str {
-        #[cfg(unix)]
-        {
-            tokio::select! {
-                _ = self.interrupt.recv() => "SIGINT",
-                _ = self.terminate.recv() => "SIGTERM",
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-            "SIGINT"
-        }
-    }
 }
