@@ -64,7 +64,8 @@
 //! | 502 | `content_unavailable` | the quorum agreed on a copy but no holder delivered its content | |
 //! | 500 | `store_error` | the local store failed or holds a corrupt record | |
 //!
-//! Only a request hyper cannot parse at all (a malformed request line, a head over hyper's buffer)
+//! Only a request hyper cannot parse at all (a malformed request line, raw
+//! non-UTF-8 bytes in the path rather than `%FF`, a head over hyper's buffer)
 //! gets hyper's own empty `400`/`431` before the connection closes.
 //!
 //! Connections are HTTP/1.1 keep-alive, under a header read timeout, a body idle timeout and

@@ -15,8 +15,9 @@
 //! `401 unauthorized`, `404 not_found`, `404 no_route`, `405 method_not_allowed`, `408
 //! body_timeout`, `413 too_large` (with `max_bytes`), `503 quorum_not_reached` (with `needed`,
 //! `reached`, `asked`), `503 busy` (with `Retry-After`), `502 content_unavailable`, `500
-//! store_error`. Only a request hyper cannot parse at all (a malformed request line, headers over
-//! its buffer) gets hyper's own empty `400`/`431` before the connection closes.
+//! store_error`. Only a request hyper cannot parse at all (a malformed request line, raw
+//! non-UTF-8 bytes in the path rather than `%FF`, headers over its buffer) gets hyper's own empty
+//! `400`/`431` before the connection closes.
 //!
 //! Connections are HTTP/1.1 keep-alive, accepted under the caps of [`limits`] and, when required,
 //! the token of [`auth`].

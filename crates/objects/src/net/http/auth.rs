@@ -85,7 +85,7 @@ pub enum AuthError {
 }
 
 /// The token and the policy that applies to one running HTTP API.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Gate {
     token: Arc<[u8]>,
     required: bool,
@@ -93,8 +93,9 @@ pub(crate) struct Gate {
     metrics: HttpMetrics,
 }
 
-/// A token loaded or created in a data directory, or generated for this run only.
-#[derive(Debug, Clone)]
+/// A token loaded or created in a data directory, or generated for this run only. Its `Debug`
+/// output leaves the secret out.
+#[derive(Clone)]
 pub struct Token {
     /// The secret.
     pub secret: String,
@@ -102,6 +103,24 @@ pub struct Token {
     pub path: Option<PathBuf>,
     /// Whether this start created it.
     pub created: bool,
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Token")
+            .field("path", &self.path)
+            .field("created", &self.created)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate")
+            .field("required", &self.required)
+            .field("metrics_open", &self.metrics_open)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Token {
@@ -343,6 +362,16 @@ mod tests {
         let gate = gate(auth, "127.0.0.1:1").unwrap();
         assert!(gate.admits(&request("/metrics", None)));
         assert!(!gate.admits(&request("/status", None)));
+    }
+
+    #[test]
+    fn debug_output_leaves_the_secret_out() {
+        let token = Token::ephemeral().unwrap();
+        assert!(!format!("{token:?}").contains(&token.secret));
+        let gate = HttpAuth::default()
+            .gate("0.0.0.0:1".parse().unwrap(), &token, HttpMetrics::default())
+            .unwrap();
+        assert!(!format!("{gate:?}").contains(&token.secret));
     }
 
     #[test]
