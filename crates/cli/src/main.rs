@@ -66,6 +66,8 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,turmoil=warn")),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal: logs piped to a file or journald stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
