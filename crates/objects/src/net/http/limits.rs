@@ -86,6 +86,9 @@ pub enum LimitsError {
     /// The named setting must be positive.
     #[error("invalid HTTP limits: {0} must be positive")]
     Zero(&'static str),
+    /// The named setting is larger than a semaphore can count.
+    #[error("invalid HTTP limits: {0} is too large")]
+    TooLarge(&'static str),
     /// The body budget cannot hold one largest object.
     #[error(
         "invalid HTTP limits: max_body_bytes_in_flight ({budget}) must be at least \
@@ -131,6 +134,19 @@ impl HttpLimits {
         ] {
             if zero {
                 return Err(LimitsError::Zero(name));
+            }
+        }
+        let most = tokio::sync::Semaphore::MAX_PERMITS;
+        for (name, permits) in [
+            ("max_connections", self.max_connections),
+            ("max_concurrent_requests", self.max_concurrent_requests),
+            (
+                "max_body_bytes_in_flight",
+                self.max_body_bytes_in_flight.div_ceil(1024),
+            ),
+        ] {
+            if permits > most {
+                return Err(LimitsError::TooLarge(name));
             }
         }
         Ok(())
@@ -289,6 +305,14 @@ mod tests {
             ..HttpLimits::default()
         };
         assert_eq!(limits.validate(), Err(LimitsError::Zero("max_connections")));
+        let limits = HttpLimits {
+            max_concurrent_requests: usize::MAX,
+            ..HttpLimits::default()
+        };
+        assert_eq!(
+            limits.validate(),
+            Err(LimitsError::TooLarge("max_concurrent_requests"))
+        );
     }
 
     #[test]
