@@ -20,14 +20,18 @@ const BULK_MESSAGES: usize = 128;
 const BULK_MESSAGE_BYTES: usize = 1024 * 1024;
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// Runs the demo; with `serve`, keeps the nodes and their HTTP APIs up until ctrl-c.
+/// Runs the demo; with `serve`, keeps the nodes and their HTTP APIs up until ctrl-c or SIGTERM.
 pub async fn run(serve: bool) -> anyhow::Result<()> {
     let daemons = tokio::time::timeout(Duration::from_secs(60), demo())
         .await
         .context("the demo did not finish within 60 s")??;
     if serve {
-        println!("\nserving until ctrl-c (try: curl -T FILE URL/objects/KEY, curl URL/status)");
-        tokio::signal::ctrl_c().await?;
+        // Installed only now: during the demo itself ctrl-c keeps its default (exit at once).
+        let mut stop = crate::signals::Stop::install()?;
+        println!(
+            "\nserving until ctrl-c or SIGTERM (try: curl -T FILE URL/objects/KEY, curl URL/status)"
+        );
+        stop.next().await;
     }
     for daemon in daemons {
         daemon.shutdown().await?;

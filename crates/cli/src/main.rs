@@ -4,6 +4,7 @@ mod demo;
 mod lab;
 mod progress;
 mod settings;
+mod signals;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use meshwire::{ConnectionEvent, Keypair};
 use meshwire_objects::net::Daemon;
 
 use crate::settings::{NodeArgs, Settings};
+use crate::signals::Stop;
 
 // Counting costs a thread-local increment per allocation; it lets `meshwire lab` measure a
 // sender's heap (scenarios/safe-fanout.toml).
@@ -47,7 +49,7 @@ enum Command {
     /// Start 5 nodes on loopback, exchange messages, requests and a fan-out, PUT and GET an object
     /// over their HTTP APIs, print a table and the URLs.
     Demo {
-        /// Keep the nodes and their HTTP APIs running until ctrl-c.
+        /// Keep the nodes and their HTTP APIs running until ctrl-c or SIGTERM.
         #[arg(long)]
         serve: bool,
     },
@@ -64,6 +66,8 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,turmoil=warn")),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal: logs piped to a file or journald stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -84,10 +88,14 @@ fn main() -> anyhow::Result<()> {
 
 async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     let settings = Settings::load(&args)?;
+    // Signal handlers first, so a SIGTERM during startup is not the default (immediate) exit.
+    let mut stop = Stop::install()?;
     let daemon = Daemon::builder(settings.objects)
         .members(settings.members.iter().copied())
         .data_dir(&settings.data_dir)
         .http(settings.http)
+        .http_limits(settings.http_limits.clone())
+        .http_auth(settings.http_auth.clone())
         .bind(settings.listen, |config| settings.apply(config))
         .await?;
     let node = daemon.node().clone();
@@ -96,7 +104,7 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
         peer_id = %node.peer_id(),
         address = %node.local_addr()?,
         http = %format!("http://{}", daemon.http_address().unwrap_or(settings.http)),
-        "node running; stop with ctrl-c"
+        "node running; stop with ctrl-c or SIGTERM"
     );
     let members = daemon.service().members();
     if members.len() == 1 {
@@ -110,6 +118,27 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
             "object cluster (this node included)"
         );
     }
+    if let Some(token) = daemon.http_token() {
+        let path = token
+            .path
+            .as_ref()
+            .map_or_else(|| "(memory)".to_string(), |p| p.display().to_string());
+        let required = if daemon.http_token_required() {
+            "required on every request"
+        } else {
+            "optional on loopback"
+        };
+        // The secret itself is printed once, when it is created; afterwards only its file.
+        if token.created {
+            println!(
+                "HTTP token ({required}): {} (saved in {path})",
+                token.secret
+            );
+        } else {
+            println!("HTTP token ({required}): in {path}");
+        }
+        println!("  use: curl -H \"Authorization: Bearer $(cat {path})\" ...");
+    }
     let mut events = node.events();
     for peer in &settings.peers {
         node.add_peer(peer.address, peer.peer_id)?;
@@ -117,7 +146,10 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     let mut status = tokio::time::interval(Duration::from_secs(30));
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
+            signal = stop.next() => {
+                tracing::info!(signal, "stopping");
+                break;
+            }
             event = events.recv() => match event {
                 Ok(ConnectionEvent::Connected { peer, address, direction }) => {
                     tracing::info!(peer = %peer, %address, ?direction, "connected");
@@ -149,5 +181,6 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("shutting down");
     daemon.shutdown().await?;
+    tracing::info!("stopped");
     Ok(())
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use meshwire::{Congestion, NodeConfig, PeerId};
+use meshwire_objects::net::{HttpAuth, HttpLimits};
 use serde::Deserialize;
 
 /// Flags of `meshwire node`.
@@ -36,6 +37,10 @@ pub struct NodeArgs {
     /// a cluster of one.
     #[arg(long = "member")]
     pub members: Vec<PeerId>,
+    /// Serve the HTTP API on a non-loopback address without requiring the token (anyone who
+    /// reaches the port can write; logged as a warning).
+    #[arg(long)]
+    pub danger_http_without_token: bool,
 }
 
 /// A peer's identity and address: `PEERID@HOST:PORT`.
@@ -76,7 +81,28 @@ struct FileSettings {
     transport: FileTransport,
     http_listen: Option<SocketAddr>,
     #[serde(default)]
+    http: FileHttp,
+    #[serde(default)]
     objects: FileObjects,
+}
+
+/// The `[http]` table: the HTTP API's limits and token policy (see docs/node.md).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileHttp {
+    header_read_timeout_ms: Option<u64>,
+    body_idle_timeout_ms: Option<u64>,
+    min_body_bytes_per_sec: Option<u64>,
+    min_body_rate_grace_ms: Option<u64>,
+    max_connections: Option<usize>,
+    max_connections_per_client: Option<usize>,
+    max_concurrent_requests: Option<usize>,
+    max_body_bytes_in_flight: Option<usize>,
+    retry_after_secs: Option<u64>,
+    shutdown_grace_ms: Option<u64>,
+    require_token: Option<bool>,
+    metrics_open: Option<bool>,
+    danger_allow_unauthenticated: Option<bool>,
 }
 
 /// The `[objects]` table: replication and quorum settings (see the `# Design` of crates/objects/src/lib.rs).
@@ -113,6 +139,8 @@ pub struct Settings {
     pub peers: Vec<PeerAddress>,
     pub allowlist: Option<HashSet<PeerId>>,
     pub http: SocketAddr,
+    pub http_limits: HttpLimits,
+    pub http_auth: HttpAuth,
     pub objects: meshwire_objects::net::ObjectConfig,
     /// The object cluster's other members (this node is always one).
     pub members: Vec<PeerId>,
@@ -161,6 +189,13 @@ impl Settings {
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         members.extend(args.members.iter().copied());
+        let http_limits = http_limits(&file.http)?;
+        let http_auth = HttpAuth {
+            require_token: file.http.require_token,
+            metrics_open: file.http.metrics_open.unwrap_or(false),
+            danger_allow_unauthenticated: args.danger_http_without_token
+                || file.http.danger_allow_unauthenticated.unwrap_or(false),
+        };
         Ok(Self {
             data_dir: args
                 .data_dir
@@ -177,6 +212,8 @@ impl Settings {
                 .http
                 .or(file.http_listen)
                 .unwrap_or_else(|| "127.0.0.1:7780".parse().expect("valid literal")),
+            http_limits,
+            http_auth,
             objects,
             members,
             transport: file.transport,
@@ -246,6 +283,39 @@ fn object_config(file: &FileObjects) -> anyhow::Result<meshwire_objects::net::Ob
     Ok(config)
 }
 
+fn http_limits(file: &FileHttp) -> anyhow::Result<HttpLimits> {
+    let mut limits = HttpLimits::default();
+    let millis = |value: Option<u64>, into: &mut Duration| {
+        if let Some(ms) = value {
+            *into = Duration::from_millis(ms);
+        }
+    };
+    millis(file.header_read_timeout_ms, &mut limits.header_read_timeout);
+    millis(file.body_idle_timeout_ms, &mut limits.body_idle_timeout);
+    millis(file.min_body_rate_grace_ms, &mut limits.min_body_rate_grace);
+    millis(file.shutdown_grace_ms, &mut limits.shutdown_grace);
+    if let Some(secs) = file.retry_after_secs {
+        limits.retry_after = Duration::from_secs(secs);
+    }
+    if let Some(rate) = file.min_body_bytes_per_sec {
+        limits.min_body_bytes_per_sec = rate;
+    }
+    if let Some(max) = file.max_connections {
+        limits.max_connections = max;
+    }
+    if let Some(max) = file.max_connections_per_client {
+        limits.max_connections_per_client = max;
+    }
+    if let Some(max) = file.max_concurrent_requests {
+        limits.max_concurrent_requests = max;
+    }
+    if let Some(max) = file.max_body_bytes_in_flight {
+        limits.max_body_bytes_in_flight = max;
+    }
+    limits.validate().context("[http] is invalid")?;
+    Ok(limits)
+}
+
 fn parse_congestion(name: &str) -> anyhow::Result<Congestion> {
     Ok(match name {
         "cubic" => Congestion::Cubic,
@@ -269,6 +339,7 @@ mod tests {
             allow: Vec::new(),
             http: None,
             members: Vec::new(),
+            danger_http_without_token: false,
         }
     }
 
@@ -340,7 +411,42 @@ mod tests {
         );
         assert!(error.contains("unknown field"), "{error}");
         std::fs::write(&path, "[transport]\ncongestion = \"fast\"\n").unwrap();
-        let error = format!("{:#}", Settings::load(&args(Some(path))).unwrap_err());
+        let error = format!(
+            "{:#}",
+            Settings::load(&args(Some(path.clone()))).unwrap_err()
+        );
         assert!(error.contains("unknown congestion"), "{error}");
+        std::fs::write(&path, "[http]\nmax_connections = 0\n").unwrap();
+        let error = format!("{:#}", Settings::load(&args(Some(path))).unwrap_err());
+        assert!(
+            error.contains("max_connections must be positive"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn http_table_sets_limits_and_token_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        std::fs::write(
+            &path,
+            "[http]\nheader_read_timeout_ms = 500\nmax_connections_per_client = 4\n\
+             retry_after_secs = 3\nrequire_token = true\nmetrics_open = true\n",
+        )
+        .unwrap();
+        let settings = Settings::load(&args(Some(path))).unwrap();
+        assert_eq!(
+            settings.http_limits.header_read_timeout,
+            Duration::from_millis(500)
+        );
+        assert_eq!(settings.http_limits.max_connections_per_client, 4);
+        assert_eq!(settings.http_limits.retry_after, Duration::from_secs(3));
+        assert_eq!(
+            settings.http_limits.max_connections,
+            HttpLimits::default().max_connections
+        );
+        assert_eq!(settings.http_auth.require_token, Some(true));
+        assert!(settings.http_auth.metrics_open);
+        assert!(!settings.http_auth.danger_allow_unauthenticated);
     }
 }

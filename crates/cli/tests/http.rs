@@ -538,3 +538,124 @@ fn a_node_killed_mid_put_leaves_old_or_new_never_torn() {
         assert!(written.contains(&read.body), "round {round}: torn read");
     }
 }
+
+/// Runs `meshwire node` with `config` on fresh loopback ports; stdout is piped.
+fn node_with(config: &str, http: &str, dir: &std::path::Path) -> Child {
+    let path = dir.join("node.toml");
+    std::fs::write(&path, config).unwrap();
+    Command::new(BIN)
+        .arg("node")
+        .arg("--config")
+        .arg(&path)
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--listen")
+        .arg(free_udp().to_string())
+        .arg("--http")
+        .arg(http)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits (at most 20 s) for `child` to exit.
+fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "the node did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn with_header(address: SocketAddr, path: &str, header: &str) -> Response {
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n{header}\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    Response {
+        status: head.split_whitespace().nth(1).unwrap().parse().unwrap(),
+        headers: head
+            .lines()
+            .skip(1)
+            .filter_map(|line| line.split_once(':'))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect(),
+        body: raw[split + 4..].to_vec(),
+    }
+}
+
+#[test]
+fn the_token_is_printed_and_required_and_sigterm_stops_the_node_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let http_address = free_tcp();
+    let mut child = node_with(
+        "[http]\nrequire_token = true\n",
+        &http_address.to_string(),
+        dir.path(),
+    );
+    // The first line on stdout names the token and its file.
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    let token_path = dir.path().join("data").join("http-token");
+    let token = std::fs::read_to_string(&token_path).unwrap();
+    let token = token.trim();
+    assert!(line.contains(token), "{line}");
+    assert!(line.contains(&token_path.display().to_string()), "{line}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&token_path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let unauthorized = with_header(http_address, "/status", "");
+    assert_error(&unauthorized, 401, "unauthorized");
+    let wrong = with_header(http_address, "/status", "Authorization: Bearer wrong\r\n");
+    assert_error(&wrong, 401, "unauthorized");
+    let status = with_header(
+        http_address,
+        "/status",
+        &format!("Authorization: Bearer {token}\r\n"),
+    );
+    assert_eq!(status.status, 200);
+
+    let killed = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let exit = wait_exit(&mut child);
+    assert!(exit.success(), "SIGTERM ended the node with {exit:?}");
+}
+
+#[test]
+fn a_non_loopback_http_address_without_a_token_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = node_with("[http]\nrequire_token = false\n", "0.0.0.0:0", dir.path());
+    let exit = wait_exit(&mut child);
+    assert!(!exit.success());
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(stderr.contains("not a loopback address"), "{stderr}");
+    assert!(stderr.contains("--danger-http-without-token"), "{stderr}");
+}

@@ -5,7 +5,7 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePrivateKey};
+use ed25519_dalek::pkcs8::EncodePrivateKey;
 use ed25519_dalek::SigningKey;
 use meshwire_proto::PeerId;
 use rand::{RngCore, SeedableRng};
@@ -27,7 +27,7 @@ pub enum IdentityError {
     },
     /// The key file exists but does not hold an ed25519 PKCS#8 key. It is left untouched: a node
     /// never replaces a corrupt identity with a new one behind its operator's back.
-    #[error("identity file {path} is corrupt ({reason}); restore it from a backup or delete it to create a new identity")]
+    #[error("identity file {path} {reason}; expected a PKCS#8 PEM \"PRIVATE KEY\" block holding an Ed25519 key (as `meshwire id` writes); restore it from a backup or delete it to create a new identity")]
     Corrupt {
         /// The file.
         path: PathBuf,
@@ -94,13 +94,17 @@ impl Keypair {
 
     /// Loads the identity from `data_dir/identity.pem`, creating the directory and a new identity
     /// (file mode 0600) if there is none. A file that exists but does not parse is an error.
+    /// A key file that other users can read is used, with a warning.
     pub fn load_or_create(data_dir: &Path) -> Result<Self, IdentityError> {
         let path = data_dir.join(IDENTITY_FILE);
         match fs::read_to_string(&path) {
-            Ok(text) => Self::from_pem(&text).map_err(|reason| IdentityError::Corrupt {
-                path: path.clone(),
-                reason,
-            }),
+            Ok(text) => {
+                warn_if_readable_by_others(&path);
+                Self::from_pem(&text).map_err(|reason| IdentityError::Corrupt {
+                    path: path.clone(),
+                    reason,
+                })
+            }
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
                 let keypair = Self::generate();
                 keypair.save(&path)?;
@@ -109,17 +113,58 @@ impl Keypair {
             Err(error) if error.kind() == std::io::ErrorKind::InvalidData => {
                 Err(IdentityError::Corrupt {
                     path,
-                    reason: "not UTF-8 text".to_string(),
+                    reason: "holds binary data, not PEM text (a DER key? \
+                             `openssl pkey -inform DER -outform PEM` converts one)"
+                        .to_string(),
                 })
             }
             Err(source) => Err(IdentityError::Io { path, source }),
         }
     }
 
+    /// Parses a PKCS#8 PEM Ed25519 key; the error says what the text holds instead.
     fn from_pem(text: &str) -> Result<Self, String> {
-        SigningKey::from_pkcs8_pem(text)
+        if !text.contains("-----BEGIN ") {
+            return Err(if text.trim().is_empty() {
+                "is empty".to_string()
+            } else {
+                "is not PEM text (no -----BEGIN line)".to_string()
+            });
+        }
+        let (label, der) = ed25519_dalek::pkcs8::spki::der::pem::decode_vec(text.as_bytes())
+            .map_err(|error| format!("holds a damaged PEM block ({error})"))?;
+        if label != "PRIVATE KEY" {
+            let kind = match label {
+                "RSA PRIVATE KEY" => " (an RSA key)",
+                "EC PRIVATE KEY" => " (an elliptic-curve key)",
+                "OPENSSH PRIVATE KEY" => " (an OpenSSH key)",
+                "ENCRYPTED PRIVATE KEY" => " (a password-protected key)",
+                "CERTIFICATE" => " (a certificate, not a key)",
+                _ => "",
+            };
+            return Err(format!("holds a PEM \"{label}\" block{kind}"));
+        }
+        let info =
+            ed25519_dalek::pkcs8::PrivateKeyInfo::try_from(der.as_slice()).map_err(|error| {
+                format!("holds a \"PRIVATE KEY\" block that is not PKCS#8 ({error})")
+            })?;
+        let oid = info.algorithm.oid.to_string();
+        if oid != ED25519_OID {
+            let name = match oid.as_str() {
+                "1.2.840.113549.1.1.1" => "an RSA",
+                "1.2.840.10045.2.1" => "an elliptic-curve (ECDSA)",
+                "1.3.101.113" => "an Ed448",
+                "1.3.101.110" => "an X25519",
+                "1.3.101.111" => "an X448",
+                _ => "a non-Ed25519",
+            };
+            return Err(format!(
+                "holds {name} key (algorithm OID {oid}, Ed25519 is {ED25519_OID})"
+            ));
+        }
+        SigningKey::try_from(info)
             .map(|signing| Self { signing })
-            .map_err(|error| error.to_string())
+            .map_err(|error| format!("holds a damaged Ed25519 key ({error})"))
     }
 
     /// Writes the identity to `path` with mode 0600, atomically (temporary file, then rename), and
@@ -154,6 +199,27 @@ impl Keypair {
             )));
         }
         fs::rename(&temporary, path).map_err(io)
+    }
+}
+
+/// The PKCS#8 algorithm identifier of Ed25519 (RFC 8410).
+const ED25519_OID: &str = "1.3.101.112";
+
+/// Logs a warning when the secret key at `path` can be read by its group or by everyone.
+fn warn_if_readable_by_others(path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(metadata) = fs::metadata(path) {
+            let mode = metadata.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                tracing::warn!(
+                    path = %path.display(),
+                    mode = format!("{mode:o}"),
+                    "identity key is readable by other users; chmod 600 it"
+                );
+            }
+        }
     }
 }
 
@@ -194,6 +260,41 @@ mod tests {
             Keypair::load_or_create(dir.path()),
             Err(IdentityError::Corrupt { .. })
         ));
+    }
+
+    #[test]
+    fn errors_say_what_the_file_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(IDENTITY_FILE);
+        let message = |content: &[u8]| {
+            fs::write(&path, content).unwrap();
+            Keypair::load_or_create(dir.path()).unwrap_err().to_string()
+        };
+        let garbage = message(b"-----BEGIN PRIVATE KEY-----\ngarbage\n");
+        assert!(garbage.contains("damaged PEM block"), "{garbage}");
+        assert!(garbage.contains("Ed25519"), "{garbage}");
+        assert!(!garbage.contains("NUL"), "{garbage}");
+        let text = message(b"hello\n");
+        assert!(text.contains("is not PEM text"), "{text}");
+        let rsa =
+            message(b"-----BEGIN RSA PRIVATE KEY-----\nAAAA\n-----END RSA PRIVATE KEY-----\n");
+        assert!(rsa.contains("an RSA key"), "{rsa}");
+        // A PKCS#8 RSA key (the algorithm identifier of an RSA key, then a dummy key octet string).
+        let der: &[u8] = &[
+            0x30, 0x1a, 0x02, 0x01, 0x00, 0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7,
+            0x0d, 0x01, 0x01, 0x01, 0x05, 0x00, 0x04, 0x06, 0x30, 0x04, 0x02, 0x02, 0x01, 0x01,
+        ];
+        let pem = ed25519_dalek::pkcs8::spki::der::pem::encode_string(
+            "PRIVATE KEY",
+            ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF,
+            der,
+        )
+        .unwrap();
+        let pkcs8_rsa = message(pem.as_bytes());
+        assert!(pkcs8_rsa.contains("holds an RSA key"), "{pkcs8_rsa}");
+        assert!(pkcs8_rsa.contains("1.2.840.113549.1.1.1"), "{pkcs8_rsa}");
+        let binary = message(&[0xff, 0xfe, 0x00]);
+        assert!(binary.contains("binary data"), "{binary}");
     }
 
     #[test]

@@ -3,6 +3,11 @@
 //! Every counter is updated by the code path that causes it (no reporter task samples shared
 //! state), so a scrape never races an update into a wrong value (the xx network's metrics race,
 //! `docs/lessons.md`).
+//!
+//! Names follow Prometheus conventions: the unit last before `_total` (`meshwire_sent_bytes_total`,
+//! registered with [`Unit::Bytes`] so OpenMetrics carries a `# UNIT` line), seconds for durations.
+//! The registry is encoded as OpenMetrics 1.0 ([`Metrics::encode_text`]) or as Prometheus text
+//! 0.0.4 ([`Metrics::encode_prometheus_text`]); the HTTP API picks one by the `Accept` header.
 
 use std::sync::Mutex;
 
@@ -18,7 +23,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Registry, Unit};
 
 /// Label naming why something happened.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -84,14 +89,16 @@ impl Metrics {
             request_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             peer_rtt_seconds: Family::default(),
         };
-        registry.register(
-            "bytes_sent",
+        registry.register_with_unit(
+            "sent",
             "Frame bytes written to peers",
+            Unit::Bytes,
             metrics.bytes_sent.clone(),
         );
-        registry.register(
-            "bytes_received",
+        registry.register_with_unit(
+            "received",
             "Frame bytes read from peers",
+            Unit::Bytes,
             metrics.bytes_received.clone(),
         );
         registry.register(
@@ -153,13 +160,19 @@ impl Metrics {
         register(&mut self.registry.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
-    /// The registry in the Prometheus text exposition format.
+    /// The registry in the OpenMetrics 1.0 text format (ends with `# EOF`).
     pub fn encode_text(&self) -> String {
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
         out
+    }
+
+    /// The registry in the Prometheus text format 0.0.4 (`text/plain; version=0.0.4`), for
+    /// scrapers and tools that do not speak OpenMetrics.
+    pub fn encode_prometheus_text(&self) -> String {
+        openmetrics_to_prometheus(&self.encode_text())
     }
 
     pub(crate) fn drop_message(&self, reason: &'static str) {
@@ -178,6 +191,12 @@ impl Metrics {
 
     pub(crate) fn observe_rtt(&self, peer: &PeerId, rtt: std::time::Duration) {
         self.peer_rtt_gauge(peer).set(rtt.as_secs_f64());
+    }
+
+    /// Removes `peer`'s series (its RTT), once the node has forgotten the peer.
+    pub(crate) fn forget_peer(&self, peer: &PeerId) {
+        self.peer_rtt_seconds
+            .remove(&PeerLabel { peer: peer.short() });
     }
 
     /// The RTT gauge of `peer`, for a caller that updates it often (no label lookup per update).
@@ -260,5 +279,97 @@ impl Collector for KernelDrops {
             counter.encode(metric)?;
         }
         Ok(())
+    }
+}
+
+/// Rewrites OpenMetrics text as Prometheus text 0.0.4: a counter family is named with its
+/// `_total` suffix in `# HELP` and `# TYPE`, `unknown` becomes `untyped`, `# UNIT` and `# EOF`
+/// lines and exemplars go (0.0.4 has none of them).
+pub fn openmetrics_to_prometheus(openmetrics: &str) -> String {
+    use std::collections::HashMap;
+    let mut types = HashMap::new();
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some((name, kind)) = rest.split_once(' ') {
+                types.insert(name, kind);
+            }
+        }
+    }
+    let rename = |name: &str| -> String {
+        match types.get(name) {
+            Some(&"counter") => format!("{name}_total"),
+            Some(&"info") => format!("{name}_info"),
+            _ => name.to_string(),
+        }
+    };
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            out.push_str(&format!("# HELP {} {help}\n", rename(name)));
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "unknown"));
+            let kind = match kind {
+                "counter" | "gauge" | "histogram" | "summary" => kind,
+                "info" | "stateset" => "gauge",
+                _ => "untyped",
+            };
+            out.push_str(&format!("# TYPE {} {kind}\n", rename(name)));
+        } else {
+            // An exemplar follows the value after " # ".
+            let sample = line.split_once(" # ").map_or(line, |(sample, _)| sample);
+            out.push_str(sample);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_end_in_their_unit_and_total() {
+        let metrics = Metrics::new();
+        metrics.bytes_sent.inc_by(7);
+        let openmetrics = metrics.encode_text();
+        assert!(
+            openmetrics.contains("# UNIT meshwire_sent_bytes bytes"),
+            "{openmetrics}"
+        );
+        assert!(
+            openmetrics.contains("\nmeshwire_sent_bytes_total 7\n"),
+            "{openmetrics}"
+        );
+        assert!(openmetrics.ends_with("# EOF\n"));
+        let text = metrics.encode_prometheus_text();
+        assert!(
+            text.contains("# TYPE meshwire_sent_bytes_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP meshwire_sent_bytes_total Frame bytes"),
+            "{text}"
+        );
+        assert!(text.contains("\nmeshwire_sent_bytes_total 7\n"), "{text}");
+        assert!(
+            !text.contains("# EOF") && !text.contains("# UNIT"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE meshwire_request_duration_seconds histogram"));
+    }
+
+    #[test]
+    fn a_forgotten_peer_leaves_no_series() {
+        let metrics = Metrics::new();
+        let peer = PeerId::from_bytes([3; 32]);
+        metrics.observe_rtt(&peer, std::time::Duration::from_millis(5));
+        assert!(metrics.encode_text().contains(&peer.short()));
+        metrics.forget_peer(&peer);
+        assert!(!metrics.encode_text().contains(&peer.short()));
     }
 }

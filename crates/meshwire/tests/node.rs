@@ -368,3 +368,34 @@ async fn capped_socket_buffers_are_reported_not_fatal() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_departed_peer_leaves_no_metric_series() {
+    let a = start(1);
+    let b = start(2);
+    connect(&a, &b).await;
+    until_connected(&b, a.peer_id()).await;
+    let series = |node: &Node| {
+        node.metrics()
+            .encode_text()
+            .lines()
+            .filter(|line| line.starts_with("meshwire_peer_rtt_seconds{"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let short = a.peer_id().short();
+    assert!(
+        series(&b).iter().any(|line| line.contains(&short)),
+        "{:?}",
+        series(&b)
+    );
+    // a only dialed b: b forgets a once the connection is gone, and its series with it.
+    a.close().await;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while series(&b).iter().any(|line| line.contains(&short)) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("a's RTT series is removed");
+}

@@ -87,32 +87,46 @@
 //! | `GET /objects/{key}?local=true` or header `x-meshwire-read: local` | this node's copy only |
 //! | `GET /status` | peer id, peers (connected, RTT, queued messages/bytes, latency estimate, error rate), store size, quorum settings, `members` (the cluster, this node included), `max_clock_skew_ms` |
 //! | `GET /peers` | the peers list of `/status` |
-//! | `GET /metrics` | Prometheus text (node metrics plus `meshwire_object_reads_total{outcome}`, `meshwire_object_writes_total{outcome}` (`ok`, `quorum_not_reached`, `precondition_failed`, `conflict`, `error`), `meshwire_object_read_repairs_total`, `meshwire_object_read_requests_total`, `meshwire_object_refused_requests_total{reason}`, `meshwire_object_refused_answers_total{reason}` with reasons `not_member`, `clock_skew`, `version_limit`) |
+//! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 when `Accept` prefers `application/openmetrics-text` (node metrics plus `meshwire_object_reads_total{outcome}`, `meshwire_object_writes_total{outcome}` (`ok`, `quorum_not_reached`, `precondition_failed`, `conflict`, `error`), `meshwire_object_read_repairs_total`, `meshwire_object_read_requests_total`, `meshwire_object_refused_requests_total{reason}`, `meshwire_object_refused_answers_total{reason}` with reasons `not_member`, `clock_skew`, `version_limit`, `meshwire_http_refused_total{reason}`, `meshwire_http_connections`) |
 //!
 //! Errors are JSON `{"error": CODE, "message": TEXT, ...}`:
 //!
 //! | status | `error` | when | extra fields |
 //! |---|---|---|---|
 //! | 400 | `invalid_key` | key empty, too long, bad characters, `.` or `..` | |
+//! | 400 | `invalid_path` | the key is not UTF-8 (`/objects/%FF`) | |
+//! | 400 | `bad_request` | another malformed request (such as `?local=maybe`) | |
 //! | 400 | `invalid_precondition` | `If-Match` is not one ETag of this API (`*` and weak tags included), `If-None-Match` is not `*`, or both are present | |
-//! | 412 | `precondition_failed` | a conditional write: a replica's current copy does not match; nothing was written | `current_etag` (newest reported, or null) |
-//! | 409 | `conflict` | a conditional write: other conditional writes on the key held too many replicas; nothing was written, retry | `needed`, `prepared` |
-//! | 413 | `too_large` | body over `max_object_bytes` | `max_bytes` |
+//! | 401 | `unauthorized` | the token is required and missing, or a wrong one was sent | |
 //! | 404 | `not_found` | no replica (or, local read, this node) holds the key | |
 //! | 404 | `no_route` | any other path | |
+//! | 405 | `method_not_allowed` | a method the route does not serve (header `Allow`) | |
+//! | 408 | `body_timeout` | the body paused too long or arrived too slowly; the connection closes | `reason` |
+//! | 409 | `conflict` | a conditional write: other conditional writes on the key held too many replicas; nothing was written, retry | `needed`, `prepared` |
+//! | 412 | `precondition_failed` | a conditional write: a replica's current copy does not match; nothing was written | `current_etag` (newest reported, or null) |
+//! | 413 | `too_large` | body over `max_object_bytes` | `max_bytes` |
 //! | 503 | `quorum_not_reached` | a read: fewer replicas answered than the read quorum before the deadline | `needed`, `reached`, `asked` |
 //! | 503 | `quorum_not_reached` | a write: fewer than W acks (for a conditional write: commits) before the deadline; the write may still apply | `needed`, `reached` (acks), `asked`, `superseded` (replicas holding a winning copy), `outcome: "unknown"` |
 //! | 503 | `quorum_not_reached` | a conditional write: fewer than W replicas prepared before the deadline; nothing was written | `needed`, `reached`, `asked`, `outcome: "not_applied"` |
+//! | 503 | `busy` | over a connection or request cap (header `Retry-After`) | `retry_after_secs` |
 //! | 502 | `content_unavailable` | the quorum agreed on a copy but no holder delivered its content | |
 //! | 500 | `store_error` | the local store failed or holds a corrupt record | |
 //! | 500 | `clock_exhausted` | this node's hybrid clock reached `u64::MAX - 1` and cannot version a write | |
 //!
-//! Connections are HTTP/1.1 keep-alive (hyper's default).
+//! Only a request hyper cannot parse at all (a malformed request line, raw
+//! non-UTF-8 bytes in the path rather than `%FF`, a head over hyper's buffer)
+//! gets hyper's own empty `400`/`431` before the connection closes.
+//!
+//! Connections are HTTP/1.1 keep-alive, under a header read timeout, a body idle timeout and
+//! minimum rate, caps on connections (total and per client address) and concurrent requests
+//! ([`net::HttpLimits`]), and a bearer token required off loopback ([`net::HttpAuth`]); see the
+//! `# Design` of [`net::http::limits`] and [`net::http::auth`].
 //!
 //! ## Settings
 //!
-//! Flags `--http ADDR` (default `127.0.0.1:7780`) or `http_listen` in the config file,
-//! `--member PEERID` (repeatable, adds to `members`), and:
+//! Flags `--http ADDR` (default `127.0.0.1:7780`) or `http_listen` in the config file, the `[http]`
+//! table of limits and token policy (`docs/node.md`), `--member PEERID` (repeatable, adds to
+//! `members`), and:
 //!
 //! ```toml
 //! [objects]
@@ -120,7 +134,7 @@
 //! write_quorum = 2        # W
 //! read_quorum = 2
 //! read_policy = "hedged"  # sequential | parallel-all | hedged
-//! max_object_bytes = 8388608
+//! max_object_bytes = 8388608  # at most the node's frame limit less 348 bytes (refused at start otherwise)
 //! deadline_ms = 5000      # whole read or write
 //! max_clock_skew_ms = 5000  # refuse peers' clocks and versions further ahead than this
 //! members = ["<peer id>", "<peer id>"]  # the object cluster besides this node; none = a cluster of one

@@ -6,6 +6,9 @@ pub mod service;
 pub mod store;
 
 pub use daemon::{Daemon, DaemonBuilder, DaemonError};
+pub use http::auth::{AuthError, HttpAuth, Token, TOKEN_FILE};
+pub use http::limits::{HttpLimits, LimitsError};
+pub use http::serve::HttpMetrics;
 pub use service::{
     ObjectConfig, ObjectService, ObjectServiceError, PhysicalClock, ReplicaError, ServiceOptions,
     SystemClock, WriteOutcome,

@@ -165,9 +165,10 @@ impl BatchService {
                 "Batches received whole",
                 batch_metrics.received.clone(),
             );
-            registry.register(
-                "batch_bytes_received",
+            registry.register_with_unit(
+                "batch_received",
                 "Chunk bytes of batches received",
+                prometheus_client::registry::Unit::Bytes,
                 batch_metrics.bytes_received.clone(),
             );
             registry.register(

@@ -193,6 +193,7 @@ impl Inner {
             // A peer we only know from its own dial: forget it (its queued messages are counted
             // as dropped by the writer).
             peers.remove(&remote);
+            self.metrics.forget_peer(&remote);
         }
         drop(peers);
         tracing::debug!(peer = %remote.short(), %reason, "disconnected");
@@ -340,6 +341,25 @@ impl Inner {
                         break;
                     }
                     Err(DialError::Closed) => return,
+                    Err(DialError::UnexpectedPeer { expected, actual }) => {
+                        // A wrong key at a configured address is an operator's problem (a
+                        // stale peer id, an address reused by another node): say so loudly.
+                        tracing::warn!(
+                            %address,
+                            expected = %expected,
+                            actual = %actual,
+                            "dial refused: the remote's key is not the expected peer id"
+                        );
+                        if !self.backoff(&mut reconnect, peer).await {
+                            return;
+                        }
+                    }
+                    Err(error @ DialError::Refused(_)) => {
+                        tracing::warn!(peer = %peer, %address, %error, "dial refused by the remote");
+                        if !self.backoff(&mut reconnect, peer).await {
+                            return;
+                        }
+                    }
                     Err(error) => {
                         tracing::debug!(peer = %peer.short(), %error, "dial failed");
                         if !self.backoff(&mut reconnect, peer).await {

@@ -9,21 +9,28 @@
 //!   there is none), binds a node and starts the rest on it; [`DaemonBuilder::start`] adopts a
 //!   node that is already running (the lab's nodes sit on emulated sockets).
 //! - The store is `objects.redb` in the data directory, or in memory without one.
-//! - The HTTP API is served only when [`DaemonBuilder::http`] gave it an address.
+//! - The HTTP API is served only when [`DaemonBuilder::http`] gave it an address, under
+//!   [`HttpLimits`] ([`DaemonBuilder::http_limits`]) and the token policy of [`HttpAuth`]
+//!   ([`DaemonBuilder::http_auth`]); the token lives in `http-token` in the data directory (in
+//!   memory only without one). A non-loopback address served without a token is refused here,
+//!   before anything listens.
 //!
-//! [`Daemon::shutdown`] stops the HTTP API (connections get [`HTTP_SHUTDOWN_GRACE`] to finish,
-//! then are cut) and closes the node. Dropping a daemon without it also stops the HTTP API, but
-//! leaves the node to its other handles.
+//! [`Daemon::shutdown`] stops accepting HTTP connections, lets requests in flight finish within
+//! [`HttpLimits::shutdown_grace`] (then cuts them), flushes the store and closes the node's
+//! connections with a reason. Dropping a daemon without it also stops the HTTP API, but leaves
+//! the node to its other handles.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use meshwire::{IdentityError, Keypair, Node, NodeConfig, NodeError, PeerId};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use super::http::auth::{AuthError, HttpAuth, Token};
+use super::http::limits::{HttpLimits, LimitsError};
+use super::http::serve::HttpMetrics;
 use super::service::{
     ObjectConfig, ObjectService, ObjectServiceError, PhysicalClock, ServiceOptions,
 };
@@ -31,9 +38,6 @@ use super::store::{Store, StoreError, DEFAULT_CACHE_BYTES};
 
 /// The store's file in a data directory.
 pub const STORE_FILE: &str = "objects.redb";
-
-/// How long a shutdown lets open HTTP connections finish before cutting them.
-pub const HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// Why a daemon could not start or did not stop cleanly.
 #[derive(Debug, thiserror::Error)]
@@ -80,9 +84,12 @@ pub enum DaemonError {
         /// Why.
         source: std::io::Error,
     },
-    /// The HTTP API stopped with an error.
-    #[error("the HTTP API failed: {0}")]
-    Http(#[source] std::io::Error),
+    /// The HTTP limits cannot work.
+    #[error(transparent)]
+    HttpLimits(#[from] LimitsError),
+    /// The HTTP token could not be set up, or would be missing off loopback.
+    #[error(transparent)]
+    HttpAuth(#[from] AuthError),
     /// The HTTP API's task panicked.
     #[error("the HTTP API task failed: {0}")]
     HttpTask(#[from] tokio::task::JoinError),
@@ -98,6 +105,8 @@ pub struct DaemonBuilder {
     cache_bytes: usize,
     http: Option<SocketAddr>,
     options: ServiceOptions,
+    http_limits: HttpLimits,
+    http_auth: HttpAuth,
 }
 
 impl DaemonBuilder {
@@ -132,6 +141,18 @@ impl DaemonBuilder {
         self
     }
 
+    /// Limits of the HTTP API (default [`HttpLimits::default`]).
+    pub fn http_limits(mut self, limits: HttpLimits) -> Self {
+        self.http_limits = limits;
+        self
+    }
+
+    /// Who may use the HTTP API (default: the token is required off loopback only).
+    pub fn http_auth(mut self, auth: HttpAuth) -> Self {
+        self.http_auth = auth;
+        self
+    }
+
     /// Seed the object service's exploration RNG, so runs repeat exactly.
     pub fn seed(mut self, seed: u64) -> Self {
         self.options.seed = Some(seed);
@@ -145,6 +166,7 @@ impl DaemonBuilder {
         listen: SocketAddr,
         configure: impl FnOnce(&mut NodeConfig),
     ) -> Result<Daemon, DaemonError> {
+        self.check_http()?;
         let keypair = match &self.data_dir {
             Some(dir) => Keypair::load_or_create(dir)?,
             None => Keypair::generate(),
@@ -164,9 +186,31 @@ impl DaemonBuilder {
         }
     }
 
+    /// Checks the HTTP settings before anything is opened or listens.
+    fn check_http(&self) -> Result<(), DaemonError> {
+        self.http_limits
+            .validate_for(self.objects.max_object_bytes)?;
+        if let Some(address) = self.http {
+            self.http_auth.check(address)?;
+        }
+        Ok(())
+    }
+
     /// Starts the store, the object service and the HTTP API (if asked for) on `node`, which
     /// keeps its own identity: a data directory holds only the store then.
     pub async fn start(self, node: Node) -> Result<Daemon, DaemonError> {
+        self.check_http()?;
+        let token = match (self.http, &self.data_dir) {
+            (None, _) => None,
+            (Some(_), Some(dir)) => {
+                std::fs::create_dir_all(dir).map_err(|source| DaemonError::DataDir {
+                    path: dir.clone(),
+                    source,
+                })?;
+                Some(Token::load_or_create(dir)?)
+            }
+            (Some(_), None) => Some(Token::ephemeral()?),
+        };
         let store = match &self.data_dir {
             Some(dir) => {
                 std::fs::create_dir_all(dir).map_err(|source| DaemonError::DataDir {
@@ -180,9 +224,18 @@ impl DaemonBuilder {
             None => Store::in_memory(self.cache_bytes).map_err(DaemonError::MemoryStore)?,
         };
         let service = ObjectService::new(node, store, self.objects, self.options)?;
-        let http = match self.http {
-            Some(address) => Some(HttpServer::start(address, service.clone()).await?),
-            None => None,
+        let http = match (self.http, token) {
+            (Some(address), Some(token)) => Some(
+                HttpServer::start(
+                    address,
+                    service.clone(),
+                    self.http_limits,
+                    &self.http_auth,
+                    token,
+                )
+                .await?,
+            ),
+            _ => None,
         };
         Ok(Daemon { service, http })
     }
@@ -191,24 +244,46 @@ impl DaemonBuilder {
 #[derive(Debug)]
 struct HttpServer {
     address: SocketAddr,
+    token: Token,
+    token_required: bool,
+    metrics: HttpMetrics,
     stop: oneshot::Sender<()>,
-    task: JoinHandle<std::io::Result<()>>,
+    task: JoinHandle<()>,
 }
 
 impl HttpServer {
-    async fn start(address: SocketAddr, service: ObjectService) -> Result<Self, DaemonError> {
+    async fn start(
+        address: SocketAddr,
+        service: ObjectService,
+        limits: HttpLimits,
+        auth: &HttpAuth,
+        token: Token,
+    ) -> Result<Self, DaemonError> {
+        let metrics = HttpMetrics::register(service.node());
+        let gate = auth.gate(address, &token, metrics.clone())?;
+        let token_required = gate.required();
         let listen_error = |source| DaemonError::HttpListen { address, source };
         let listener = tokio::net::TcpListener::bind(address)
             .await
             .map_err(listen_error)?;
         let bound = listener.local_addr().map_err(listen_error)?;
+        let router = super::http::router(service, gate, &limits);
         // Dropping the sender (with the daemon) stops the server as sending does.
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(super::http::serve(listener, service, async move {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(super::http::serve::serve(
+            listener,
+            router,
+            Arc::new(limits),
+            metrics.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         Ok(Self {
             address: bound,
+            token,
+            token_required,
+            metrics,
             stop,
             task,
         })
@@ -216,15 +291,9 @@ impl HttpServer {
 
     async fn stop(self) -> Result<(), DaemonError> {
         let _ = self.stop.send(());
-        let abort = self.task.abort_handle();
-        match tokio::time::timeout(HTTP_SHUTDOWN_GRACE, self.task).await {
-            Ok(joined) => joined?.map_err(DaemonError::Http),
-            Err(_) => {
-                // Connections still open after the grace period are cut.
-                abort.abort();
-                Ok(())
-            }
-        }
+        // The server bounds its own shutdown by the grace period.
+        self.task.await?;
+        Ok(())
     }
 }
 
@@ -244,6 +313,8 @@ impl Daemon {
             cache_bytes: DEFAULT_CACHE_BYTES,
             http: None,
             options: ServiceOptions::default(),
+            http_limits: HttpLimits::default(),
+            http_auth: HttpAuth::default(),
         }
     }
 
@@ -262,7 +333,25 @@ impl Daemon {
         self.http.as_ref().map(|http| http.address)
     }
 
-    /// Stops the HTTP API, then closes the node. Reports an HTTP API that had failed.
+    /// The HTTP API's token (`None` without an HTTP API).
+    pub fn http_token(&self) -> Option<&Token> {
+        self.http.as_ref().map(|http| &http.token)
+    }
+
+    /// Whether every HTTP request needs the token.
+    pub fn http_token_required(&self) -> bool {
+        self.http.as_ref().is_some_and(|http| http.token_required)
+    }
+
+    /// The HTTP API's refusal counters (`None` without an HTTP API).
+    pub fn http_metrics(&self) -> Option<&HttpMetrics> {
+        self.http.as_ref().map(|http| &http.metrics)
+    }
+
+    /// Stops accepting HTTP connections and lets requests in flight finish (bounded by
+    /// [`HttpLimits::shutdown_grace`]), then closes the node's connections with a reason and
+    /// waits for the endpoint to go idle. The store is flushed: every write was committed
+    /// durably when it was acknowledged, and its file is closed when the last handle drops.
     pub async fn shutdown(self) -> Result<(), DaemonError> {
         let http = match self.http {
             Some(http) => http.stop().await,

@@ -1,4 +1,4 @@
-//! Serve a node's objects, status and metrics over HTTP (axum).
+//! Serve a node's objects, status and metrics over HTTP (axum on hyper), under limits and a token.
 //!
 //! # Routes
 //!
@@ -8,27 +8,43 @@
 //! | `GET /objects/{key}` | `200`, the content (streamed in 64 KiB chunks), quorum read; `?local=true` or header `x-meshwire-read: local` reads this node's store only |
 //! | `GET /status` | JSON: peer id, peers with RTTs and queue depths, store size |
 //! | `GET /peers` | JSON list of peers |
-//! | `GET /metrics` | Prometheus text |
+//! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 when `Accept` prefers `application/openmetrics-text` |
 //!
 //! Errors are JSON `{"error": code, "message": text, ...}` with these statuses: `400 invalid_key`,
-//! `400 invalid_precondition`, `412 precondition_failed` (with `current_etag`), `409 conflict`,
-//! `413 too_large` (with `max_bytes`), `404 not_found`, `404 no_route`, `503 quorum_not_reached`
-//! (with `needed`, `reached`, `asked`; a write adds `superseded` and `outcome: "unknown"`),
-//! `502 content_unavailable`, `500 store_error`, `500 clock_exhausted`.
-//! Connections are HTTP/1.1 keep-alive.
+//! `400 invalid_path` (a key that is not UTF-8), `400 bad_request` (other malformed requests),
+//! `400 invalid_precondition`, `401 unauthorized`, `404 not_found`, `404 no_route`, `405
+//! method_not_allowed`, `408 body_timeout`, `409 conflict`, `412 precondition_failed` (with
+//! `current_etag`), `413 too_large` (with `max_bytes`), `503 quorum_not_reached` (with `needed`,
+//! `reached`, `asked`; a write adds `superseded` and `outcome: "unknown"`), `503 busy` (with
+//! `Retry-After`), `502 content_unavailable`, `500 store_error`, `500 clock_exhausted`. Only a request hyper cannot parse at all (a malformed request line, raw
+//! non-UTF-8 bytes in the path rather than `%FF`, headers over its buffer) gets hyper's own empty
+//! `400`/`431` before the connection closes.
+//!
+//! Connections are HTTP/1.1 keep-alive, accepted under the caps of [`limits`] and, when required,
+//! the token of [`auth`].
+
+pub mod auth;
+pub mod errors;
+pub mod limits;
+pub mod serve;
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{middleware, Json, Router};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tokio::sync::Semaphore;
 
+use self::auth::Gate;
+use self::errors::{error, KeyPath};
+use self::limits::HttpLimits;
 use super::service::{ObjectService, ObjectServiceError};
 use super::store::StoredObject;
 use crate::proto::cas::{etag, parse_precondition};
@@ -39,8 +55,16 @@ pub const CHUNK_BYTES: usize = 64 * 1024;
 /// The header that switches a read to local-only when its value is `local`.
 pub const READ_MODE_HEADER: &str = "x-meshwire-read";
 
-/// The API's router over `service`.
-pub fn router(service: ObjectService) -> Router {
+/// Bytes of request bodies that may be held at once, in KiB permits.
+#[derive(Debug, Clone)]
+struct BodyBudget {
+    kib: Arc<Semaphore>,
+    limits: Arc<HttpLimits>,
+    metrics: serve::HttpMetrics,
+}
+
+/// The API's routes over `service`, without limits or authentication.
+fn routes(service: ObjectService) -> Router {
     Router::new()
         .route("/objects/{key}", get(get_object).put(put_object))
         .route("/status", get(status))
@@ -50,110 +74,46 @@ pub fn router(service: ObjectService) -> Router {
         .with_state(service)
 }
 
-/// Serves the API on `listener` until `shutdown` resolves.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    service: ObjectService,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(service))
-        .with_graceful_shutdown(shutdown)
-        .await
+/// The routes behind the request cap and the token check, with every error in JSON.
+pub(crate) fn router(service: ObjectService, gate: Gate, limits: &HttpLimits) -> Router {
+    let requests = Arc::new(Semaphore::new(limits.max_concurrent_requests));
+    let busy = Arc::new(limits.clone());
+    let counted = gate.clone();
+    let budget = BodyBudget {
+        kib: Arc::new(Semaphore::new(
+            limits.max_body_bytes_in_flight.div_ceil(1024),
+        )),
+        limits: busy.clone(),
+        metrics: gate.metrics().clone(),
+    };
+    routes(service)
+        .layer(axum::Extension(budget))
+        .layer(middleware::from_fn(move |request, next| {
+            request_slot(
+                requests.clone(),
+                busy.clone(),
+                counted.clone(),
+                request,
+                next,
+            )
+        }))
+        .layer(middleware::from_fn_with_state(gate, auth::check))
+        .layer(middleware::map_response(errors::json_errors))
 }
 
-fn error(status: StatusCode, code: &str, message: String, extra: serde_json::Value) -> Response {
-    let mut body = json!({ "error": code, "message": message });
-    if let (Some(body), serde_json::Value::Object(extra)) = (body.as_object_mut(), extra) {
-        body.extend(extra);
-    }
-    (status, Json(body)).into_response()
-}
-
-impl IntoResponse for ObjectServiceError {
-    fn into_response(self) -> Response {
-        let message = self.to_string();
-        match self {
-            Self::InvalidKey(_) => {
-                error(StatusCode::BAD_REQUEST, "invalid_key", message, json!({}))
-            }
-            Self::TooLarge { max, .. } => error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                message,
-                json!({ "max_bytes": max }),
-            ),
-            Self::NotFound => error(StatusCode::NOT_FOUND, "not_found", message, json!({})),
-            Self::QuorumNotReached {
-                needed,
-                reached,
-                asked,
-            } => error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "quorum_not_reached",
-                message,
-                json!({ "needed": needed, "reached": reached, "asked": asked }),
-            ),
-            Self::WriteUnconfirmed {
-                needed,
-                acks,
-                asked,
-                superseded,
-            } => error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "quorum_not_reached",
-                message,
-                json!({ "needed": needed, "reached": acks, "asked": asked,
-                        "superseded": superseded, "outcome": "unknown" }),
-            ),
-            Self::InvalidPrecondition(_) => error(
-                StatusCode::BAD_REQUEST,
-                "invalid_precondition",
-                message,
-                json!({}),
-            ),
-            Self::PreconditionFailed { current } => error(
-                StatusCode::PRECONDITION_FAILED,
-                "precondition_failed",
-                message,
-                json!({ "current_etag": current.as_ref().map(etag) }),
-            ),
-            Self::Conflict { needed, prepared } => error(
-                StatusCode::CONFLICT,
-                "conflict",
-                message,
-                json!({ "needed": needed, "prepared": prepared }),
-            ),
-            Self::NotApplied {
-                needed,
-                prepared,
-                asked,
-            } => error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "quorum_not_reached",
-                message,
-                json!({ "needed": needed, "reached": prepared, "asked": asked,
-                        "outcome": "not_applied" }),
-            ),
-            Self::ContentUnavailable => error(
-                StatusCode::BAD_GATEWAY,
-                "content_unavailable",
-                message,
-                json!({}),
-            ),
-            Self::Clock(_) => error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "clock_exhausted",
-                message,
-                json!({}),
-            ),
-            Self::Store(_) | Self::Config(_) | Self::Subscribe(_) => error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "store_error",
-                message,
-                json!({}),
-            ),
-        }
-    }
+/// Holds one of the concurrent-request slots while the request runs; none left: `503 busy`.
+async fn request_slot(
+    requests: Arc<Semaphore>,
+    limits: Arc<HttpLimits>,
+    gate: Gate,
+    request: axum::extract::Request,
+    next: middleware::Next,
+) -> Response {
+    let Ok(_slot) = requests.try_acquire_owned() else {
+        gate.metrics().refuse("request_limit");
+        return errors::busy(&limits);
+    };
+    next.run(request).await
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -177,7 +137,8 @@ struct Written {
 
 async fn put_object(
     State(service): State<ObjectService>,
-    Path(key): Path<String>,
+    KeyPath(key): KeyPath,
+    axum::Extension(budget): axum::Extension<BodyBudget>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ObjectServiceError> {
@@ -190,10 +151,20 @@ async fn put_object(
     if let Some(len) = declared.filter(|len| *len > max) {
         return Err(ObjectServiceError::TooLarge { len, max });
     }
+    // The body's bytes are reserved before it is read, and held until the write is done.
+    let reserve_kib = declared.unwrap_or(max).div_ceil(1024).max(1);
+    let reserved = u32::try_from(reserve_kib)
+        .ok()
+        .and_then(|kib| budget.kib.clone().try_acquire_many_owned(kib).ok());
+    let Some(_reserved) = reserved else {
+        budget.metrics.refuse("body_budget");
+        return Ok(errors::busy(&budget.limits));
+    };
     // Without a Content-Length the body is read up to the limit; past it, the request is refused.
-    let content = axum::body::to_bytes(body, max)
-        .await
-        .map_err(|_| ObjectServiceError::TooLarge { len: max + 1, max })?;
+    let content = match axum::body::to_bytes(body, max).await {
+        Ok(content) => content,
+        Err(failure) => return Ok(body_failure(&failure, max)),
+    };
     let precondition = parse_precondition(
         headers.get(header::IF_MATCH).map(HeaderValue::as_bytes),
         headers
@@ -220,7 +191,7 @@ async fn put_object(
 
 async fn get_object(
     State(service): State<ObjectService>,
-    Path(key): Path<String>,
+    KeyPath(key): KeyPath,
     Query(query): Query<ReadQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ObjectServiceError> {
@@ -320,15 +291,73 @@ async fn status(
     })))
 }
 
-async fn metrics(State(service): State<ObjectService>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        service.node().metrics().encode_text(),
-    )
-        .into_response()
+/// The media type of Prometheus text format 0.0.4.
+pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The media type of OpenMetrics 1.0 text.
+pub const OPENMETRICS_TEXT: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+async fn metrics(State(service): State<ObjectService>, headers: HeaderMap) -> Response {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("");
+    let registry = service.node().metrics();
+    if prefers_openmetrics(accept) {
+        (
+            [(header::CONTENT_TYPE, OPENMETRICS_TEXT)],
+            registry.encode_text(),
+        )
+            .into_response()
+    } else {
+        (
+            [(header::CONTENT_TYPE, PROMETHEUS_TEXT)],
+            registry.encode_prometheus_text(),
+        )
+            .into_response()
+    }
+}
+
+/// Whether `accept` ranks `application/openmetrics-text` above `text/plain` (and above zero).
+/// Without either, the answer is Prometheus text, what scrapers and `curl` understand.
+pub fn prefers_openmetrics(accept: &str) -> bool {
+    let mut openmetrics = 0.0f32;
+    let mut text = 0.0f32;
+    for range in accept.split(',') {
+        let mut parts = range.split(';').map(str::trim);
+        let media = parts.next().unwrap_or("").to_ascii_lowercase();
+        let quality = parts
+            .filter_map(|param| param.split_once('='))
+            .find(|(name, _)| name.trim().eq_ignore_ascii_case("q"))
+            .and_then(|(_, value)| value.trim().parse::<f32>().ok())
+            .unwrap_or(1.0);
+        match media.as_str() {
+            "application/openmetrics-text" => openmetrics = openmetrics.max(quality),
+            "text/plain" | "text/*" | "*/*" => text = text.max(quality),
+            _ => {}
+        }
+    }
+    openmetrics > 0.0 && openmetrics > text
+}
+
+/// The answer to a PUT whose body could not be read: cut off by a body timeout (`408`), or over
+/// the size limit (`413`).
+fn body_failure(failure: &axum::Error, max: usize) -> Response {
+    match limits::body_timeout(failure) {
+        Some(timeout) => {
+            let mut response = error(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                timeout.to_string(),
+                json!({ "reason": timeout.reason() }),
+            );
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
+        None => ObjectServiceError::TooLarge { len: max + 1, max }.into_response(),
+    }
 }
 
 async fn no_route() -> Response {
@@ -338,4 +367,28 @@ async fn no_route() -> Response {
         "no such route (see GET/PUT /objects/{key}, /status, /peers, /metrics)".into(),
         json!({}),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefers_openmetrics;
+
+    #[test]
+    fn accept_chooses_the_metrics_format() {
+        assert!(!prefers_openmetrics(""));
+        assert!(!prefers_openmetrics("text/plain; version=0.0.4"));
+        assert!(!prefers_openmetrics("*/*"));
+        assert!(prefers_openmetrics(
+            "application/openmetrics-text; version=1.0.0"
+        ));
+        // What Prometheus 2.x sends: OpenMetrics first.
+        assert!(prefers_openmetrics(
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;\
+             version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+        ));
+        assert!(!prefers_openmetrics(
+            "application/openmetrics-text;q=0.2, text/plain;q=0.9"
+        ));
+        assert!(!prefers_openmetrics("application/openmetrics-text;q=0"));
+    }
 }

@@ -211,6 +211,23 @@ pub enum ObjectServiceError {
     /// Another service already handles the object protocols on this node.
     #[error(transparent)]
     Subscribe(#[from] SubscribeError),
+    /// `max_object_bytes` does not fit in one node message: a PUT of that size could never be
+    /// replicated.
+    #[error(
+        "max_object_bytes = {max_object_bytes} does not fit in one message: the node's frame \
+         limit is {max_payload_bytes} bytes, of which {overhead} are the object header; \
+         use at most {largest}"
+    )]
+    ObjectLimit {
+        /// The configured largest object.
+        max_object_bytes: usize,
+        /// The node's largest message payload (`Limits::max_payload_bytes`).
+        max_payload_bytes: u32,
+        /// Bytes of the largest object message header.
+        overhead: usize,
+        /// The largest `max_object_bytes` that fits.
+        largest: usize,
+    },
 }
 
 /// What a write did.
@@ -331,6 +348,17 @@ impl ObjectService {
             || config.read_quorum > config.replication
         {
             return Err(QuorumError::Invalid("need 1 <= W, read quorum <= R").into());
+        }
+        let max_payload_bytes = node.config().limits.max_payload_bytes;
+        let overhead = crate::proto::object::MAX_MESSAGE_OVERHEAD;
+        let largest = (max_payload_bytes as usize).saturating_sub(overhead);
+        if config.max_object_bytes > largest {
+            return Err(ObjectServiceError::ObjectLimit {
+                max_object_bytes: config.max_object_bytes,
+                max_payload_bytes,
+                overhead,
+                largest,
+            });
         }
         let rng = match options.seed {
             Some(seed) => SmallRng::seed_from_u64(seed),

@@ -174,6 +174,11 @@ pub struct Answer<T> {
 pub(crate) const CLOCK_LEN: usize = 8;
 pub(crate) const STAMP_LEN: usize = 8 + 32;
 
+/// The largest header an object message puts before its content (a conditional-write prepare
+/// with a key of [`MAX_KEY_LEN`] bytes: clock, phase, stamp, key length, key, precondition tag and
+/// stamp): an object of `max_payload_bytes - MAX_MESSAGE_OVERHEAD` bytes still fits in one frame.
+pub const MAX_MESSAGE_OVERHEAD: usize = CLOCK_LEN + 1 + STAMP_LEN + 2 + MAX_KEY_LEN + 1 + STAMP_LEN;
+
 pub(crate) fn need(bytes: &[u8], needed: usize) -> Result<(), ObjectError> {
     if bytes.len() < needed {
         return Err(ObjectError::Truncated {
