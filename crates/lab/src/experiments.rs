@@ -450,14 +450,14 @@ pub fn kinds() -> Vec<&'static str> {
 #[serde(rename_all = "lowercase")]
 pub enum CongestionParam {
     /// CUBIC, quinn's default.
-    #[default]
     Cubic,
     /// BBR.
     Bbr,
     /// NewReno (also spelt `new-reno`).
     #[serde(alias = "new-reno")]
     NewReno,
-    /// meshwire's loss-discriminating CUBIC (`meshwire::congestion`).
+    /// meshwire's loss-discriminating CUBIC (`meshwire::congestion`), the node's default.
+    #[default]
     Meshwire,
 }
 

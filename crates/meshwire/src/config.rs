@@ -14,10 +14,9 @@ use crate::identity::Keypair;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Congestion {
-    /// CUBIC (RFC 9438), quinn's default and meshwire's. Shares a bottleneck fairly, but reads
-    /// every loss as congestion: at 1% random loss on an 80 ms path a 4 Mbit batch took 4.5 s in
-    /// the lab (floor 84 ms). See `docs/node.md`, Congestion controller.
-    #[default]
+    /// CUBIC (RFC 9438), quinn's default. Shares a bottleneck fairly, but reads every loss as
+    /// congestion: at 1% random loss on an 80 ms path a 4 Mbit batch took 4.5 s in the lab (floor
+    /// 84 ms). See `docs/node.md`, Congestion controller.
     Cubic,
     /// BBR (quinn's experimental BBRv1-like implementation): holds its rate through random loss,
     /// but in the lab it overflows drop-tail queues continuously and starves a CUBIC flow sharing
@@ -27,7 +26,9 @@ pub enum Congestion {
     NewReno,
     /// meshwire's: CUBIC that backs off only for losses that are congestion (a queue in the RTT,
     /// heavy loss, ECN), and keeps slow start through application-limited bursts while the path
-    /// shows no queue ([`crate::congestion`]).
+    /// shows no queue ([`crate::congestion`]). The default: as fair as CUBIC beside CUBIC, and
+    /// near BBR's speed on lossy paths and for bursts.
+    #[default]
     Meshwire,
 }
 
@@ -77,7 +78,7 @@ impl Default for TransportSettings {
             max_rtt: Duration::from_millis(200),
             keep_alive: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(20),
-            congestion: Congestion::Cubic,
+            congestion: Congestion::Meshwire,
             initial_window_bytes: None,
             initial_mtu: 1200,
             mtu_discovery: true,

@@ -12,9 +12,11 @@
 //! [`Meshwire`] keeps CUBIC (quinn's own, unmodified) for growth and backoff and changes only which
 //! losses reach it. A loss is congestion when one of these holds, as in TCP Veno's and BBRv2's
 //! loss discrimination:
-//! - the path shows a queue: the latest (or smoothed, whichever is larger) RTT exceeds the minimum
-//!   by [`QUEUE_DELAY_FRACTION`] of the minimum, and by at least [`QUEUE_DELAY_FLOOR`] — a drop-tail
-//!   queue drops only when full, and a full queue adds its depth to every RTT;
+//! - the path shows a queue: the smoothed RTT exceeds its own least value of the last 10–20 s
+//!   ([`BASELINE_WINDOW`]) by [`QUEUE_DELAY_FRACTION`] of the minimum RTT, and by at least
+//!   [`QUEUE_DELAY_FLOOR`] — a drop-tail queue drops only when full, and a full queue adds its depth
+//!   to every RTT, while jitter and timer granularity raise the smoothed RTT all the time (so they
+//!   are in the baseline);
 //! - the loss rate over the last round trip exceeds [`LOSS_RATE_CEILING`] — a policer or a queue too
 //!   shallow to show in the RTT still sheds load this way, so the sender never overdrives a path by
 //!   more than that fraction;
@@ -31,8 +33,9 @@
 //! life, as slow start's end does.
 //!
 //! Limits: the minimum RTT is the connection's lifetime minimum, so after a route change to a longer
-//! path every loss looks like congestion (CUBIC's behaviour, the safe side). Jitter inflates the
-//! latest RTT like a queue does, so on jittery paths more losses count as congestion.
+//! path every loss looks like congestion (CUBIC's behaviour, the safe side). A queue that stands
+//! for longer than the baseline window without draining becomes the baseline; a loss-based flow
+//! beside it keeps draining it (its backoff), which is what the fairness scenario measures.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -47,6 +50,9 @@ pub const QUEUE_DELAY_FRACTION: f64 = 0.125;
 pub const QUEUE_DELAY_FLOOR: Duration = Duration::from_millis(2);
 /// Losses above this fraction of a round trip's sent bytes are congestion whatever the RTT.
 pub const LOSS_RATE_CEILING: f64 = 0.05;
+/// How long the smoothed RTT's least value is remembered as the queue-free baseline (two such
+/// windows are kept, so the baseline covers between one and two of them).
+pub const BASELINE_WINDOW: Duration = Duration::from_secs(10);
 /// Sent bytes a round must hold before its loss rate is trusted on its own.
 const MIN_ROUND_BYTES: u64 = 10 * 1200;
 
@@ -59,14 +65,24 @@ pub struct LossFilter {
     last_round_rate: f64,
     min_rtt: Option<Duration>,
     latest_rtt: Duration,
+    /// The smoothed RTT's least value in the current and the previous [`BASELINE_WINDOW`].
+    baseline: [Option<Duration>; 2],
+    baseline_start: Option<Instant>,
     congested: bool,
 }
 
 impl LossFilter {
-    /// Records an RTT sample: `latest` the most recent (or larger smoothed) RTT, `min` the
-    /// path's minimum. Closes the round when a minimum RTT has passed since it began.
+    /// Records an RTT sample: `latest` the path's smoothed RTT, `min` its minimum. Closes the round when a minimum RTT has passed since it began.
     pub fn on_rtt(&mut self, now: Instant, latest: Duration, min: Duration) {
         self.latest_rtt = latest;
+        match self.baseline_start {
+            Some(start) if now.saturating_duration_since(start) < BASELINE_WINDOW => {}
+            _ => {
+                self.baseline = [None, self.baseline[0]];
+                self.baseline_start = Some(now);
+            }
+        }
+        self.baseline[0] = Some(self.baseline[0].map_or(latest, |least| least.min(latest)));
         if !min.is_zero() {
             self.min_rtt = Some(self.min_rtt.map_or(min, |current| current.min(min)));
         }
@@ -97,8 +113,12 @@ impl LossFilter {
         let Some(min) = self.min_rtt else {
             return false;
         };
+        // The smoothed RTT's own recent least value, not the path's minimum: jitter and timer
+        // granularity keep the smoothed RTT above the minimum all the time, a queue only while it
+        // stands.
+        let baseline = self.baseline.iter().flatten().min().copied().unwrap_or(min);
         let threshold = min.mul_f64(QUEUE_DELAY_FRACTION).max(QUEUE_DELAY_FLOOR);
-        self.latest_rtt.saturating_sub(min) >= threshold
+        self.latest_rtt.saturating_sub(baseline.max(min)) >= threshold
     }
 
     /// The loss rate the decision uses: the last whole round's, or the current round's once it
@@ -208,7 +228,7 @@ impl Controller for Meshwire {
         app_limited: bool,
         rtt: &RttEstimator,
     ) {
-        self.filter.on_rtt(now, rtt.conservative(), rtt.min());
+        self.filter.on_rtt(now, rtt.get(), rtt.min());
         let keep_starting = app_limited
             && !self.filter.congested()
             && !self.filter.queue_present()
@@ -308,7 +328,8 @@ mod tests {
             prop_assert!(!filter.congested());
         }
 
-        /// A full queue (RTT above the minimum by its threshold) makes any loss congestion.
+        /// A queue standing above the queue-free baseline (the smoothed RTT above its recent
+        /// least value by the threshold) makes any loss congestion.
         #[test]
         fn loss_at_a_standing_queue_is_congestion(
             min_ms in 1u64..500,
@@ -317,10 +338,26 @@ mod tests {
             let min = MS * min_ms as u32;
             let threshold = min.mul_f64(QUEUE_DELAY_FRACTION).max(QUEUE_DELAY_FLOOR);
             let latest = min + threshold + threshold.mul_f64(extra_permille as f64 / 1000.0);
-            let mut filter = filter_after(2, 100_000, 0, latest, min);
+            let mut filter = filter_after(2, 100_000, 0, min, min);
+            filter.on_rtt(Instant::now() + min * 3, latest, min);
             prop_assert!(filter.queue_present());
             prop_assert!(filter.on_loss(1200, false));
             prop_assert!(filter.congested());
+        }
+
+        /// Jitter or timer granularity that keeps the smoothed RTT above the minimum all along is
+        /// in the baseline, not a queue: random loss there is still not congestion.
+        #[test]
+        fn a_steady_rtt_above_the_minimum_is_not_a_queue(
+            min_ms in 1u64..500,
+            offset_ms in 0u64..50,
+            permille in 0u64..45,
+        ) {
+            let min = MS * min_ms as u32;
+            let steady = min + MS * offset_ms as u32;
+            let mut filter = filter_after(4, 100_000, 100_000 * permille / 1000, steady, min);
+            prop_assert!(!filter.queue_present());
+            prop_assert!(!filter.on_loss(1200, false));
         }
 
         /// Losing more than the ceiling of a round is congestion, queue or not.

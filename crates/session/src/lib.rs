@@ -177,19 +177,22 @@
 //! - **quinn's congestion control sits underneath.** Datagrams are congestion-controlled by quinn.
 //!   Measured in `scenarios/session-quic.toml` (8 MiB, 1024 pkt/s @ 50 ms paths, seed 1):
 //!
-//!   | case | CUBIC (default) | BBR |
-//!   |---|---|---|
-//!   | one direct path | 0.953 MB/s (eff. 0.96) | 0.992 MB/s (1.00) |
-//!   | direct + relay | 1.808 MB/s (0.92) | 1.967 MB/s (1.00) |
-//!   | direct + 128 pkt/s @ 500 ms relay | 0.79 eff. | 1.014 MB/s (0.91) |
-//!   | direct, loss 0.01 | 0.142 MB/s (0.14) | 0.982 MB/s (1.00) |
-//!   | loss 0.01 + relay loss 0.1 | 0.186 MB/s (0.10) | 1.815 MB/s (0.97) |
+//!   | case | meshwire (default) | CUBIC | BBR |
+//!   |---|---|---|---|
+//!   | one direct path | 0.965 MB/s (eff. 0.97) | 0.953 MB/s (0.96) | 0.992 MB/s (1.00) |
+//!   | direct + relay | 1.864 MB/s (0.94) | 1.808 MB/s (0.92) | 1.967 MB/s (1.00) |
+//!   | direct + 128 pkt/s @ 500 ms relay | 0.880 MB/s (0.79) | (0.79) | 1.014 MB/s (0.91) |
+//!   | direct, loss 0.01 | 0.330 MB/s (0.34) | 0.142 MB/s (0.14) | 0.982 MB/s (1.00) |
+//!   | loss 0.01 + relay loss 0.1 | 0.430 MB/s (0.23) | 0.186 MB/s (0.10) | 1.815 MB/s (0.97) |
 //!
-//!   (Efficiency against the latency-aware ideal, seed 1, release build, measured with each
-//!   controller as the node's; BBR's lossy rows no longer exceed 1.0 since the lab draws loss
-//!   after serialization, so a lost datagram costs its link time.) BBR is not the default because
-//!   quinn's implementation overflows drop-tail queues and starves CUBIC flows sharing a
-//!   bottleneck (`scenarios/fairness.toml`, `docs/node.md`).
+//!   (Efficiency against the latency-aware ideal, seed 1, release build, each controller as the
+//!   node's; BBR's lossy rows no longer exceed 1.0 since the lab draws loss after serialization,
+//!   so a lost datagram costs its link time.) BBR is not the default because quinn's
+//!   implementation overflows drop-tail queues and starves CUBIC flows sharing a bottleneck
+//!   (`scenarios/fairness.toml`, `docs/node.md`). meshwire's controller ignores random loss only
+//!   while no queue stands; a session saturating its paths keeps one standing, so on the lossy
+//!   rows it reads most losses as congestion (a known gap: a loss discriminator that looks at
+//!   whether the queue was full when the loss happened, not whether one stands).
 //!
 //!   On lossy paths CUBIC reads random loss as congestion and holds the connection near the Mathis
 //!   limit (≈ 1.2 × MSS / (RTT √p) ≈ 0.13 MB/s at 100 ms and 1 %), whatever the session's window; the

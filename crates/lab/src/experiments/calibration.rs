@@ -64,7 +64,7 @@ impl Default for BulkParams {
             warmup_mebibytes: 0,
             stream_window_bytes: 0,
             initial_window_bytes: 0,
-            congestion: CongestionParam::Cubic,
+            congestion: CongestionParam::Meshwire,
         }
     }
 }

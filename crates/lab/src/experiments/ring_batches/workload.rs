@@ -56,7 +56,7 @@ impl Default for Params {
             batch_deadline_s: 30,
             ping_interval_ms: 500,
             initial_window_bytes: 0,
-            congestion: CongestionParam::Cubic,
+            congestion: CongestionParam::Meshwire,
         }
     }
 }
