@@ -2,12 +2,11 @@
 #![cfg(feature = "net")]
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use meshwire_objects::net::{Daemon, ObjectConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const PATIENCE: Duration = Duration::from_secs(20);
+mod support;
 
 struct Reply {
     status: u16,
@@ -77,26 +76,7 @@ async fn cluster() -> Vec<Daemon> {
     for daemon in &daemons {
         daemon.service().set_members(ids.iter().copied());
     }
-    for (index, daemon) in daemons.iter().enumerate() {
-        for other in &daemons[index + 1..] {
-            let address = other.node().local_addr().unwrap();
-            daemon
-                .node()
-                .connect(address, other.node().peer_id())
-                .await
-                .unwrap();
-        }
-    }
-    tokio::time::timeout(PATIENCE, async {
-        while daemons
-            .iter()
-            .any(|daemon| daemon.node().connected_peers().len() < 2)
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the daemons connect");
+    support::mesh(&daemons.iter().collect::<Vec<_>>()).await;
     daemons
 }
 

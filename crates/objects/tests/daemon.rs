@@ -13,7 +13,8 @@ use meshwire_objects::proto::object::{self, content_hash, Stamp};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// How long a test waits for a mesh to form before it gives up.
-const PATIENCE: Duration = Duration::from_secs(20);
+mod support;
+
 const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 
 fn loopback() -> SocketAddr {
@@ -39,26 +40,7 @@ async fn cluster() -> Vec<Daemon> {
     for daemon in &daemons {
         daemon.service().set_members(ids.iter().copied());
     }
-    for (index, daemon) in daemons.iter().enumerate() {
-        for other in &daemons[index + 1..] {
-            let address = other.node().local_addr().unwrap();
-            daemon
-                .node()
-                .connect(address, other.node().peer_id())
-                .await
-                .unwrap();
-        }
-    }
-    tokio::time::timeout(PATIENCE, async {
-        while daemons
-            .iter()
-            .any(|daemon| daemon.node().connected_peers().len() < 2)
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the three daemons connect");
+    support::mesh(&daemons.iter().collect::<Vec<_>>()).await;
     daemons
 }
 

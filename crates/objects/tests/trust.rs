@@ -14,7 +14,10 @@ use meshwire_objects::proto::clock;
 use meshwire_objects::proto::object::{self, content_hash, Answer, FetchMode, Refusal, Stamp};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const PATIENCE: Duration = Duration::from_secs(20);
+mod support;
+
+use support::mesh;
+
 const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 const YEAR_MS: u64 = 365 * 24 * 3600 * 1000;
 
@@ -38,30 +41,6 @@ async fn start(clock: Option<Arc<dyn PhysicalClock>>) -> Daemon {
         builder = builder.physical_clock(clock);
     }
     builder.bind(loopback(), |_| {}).await.unwrap()
-}
-
-/// Connects every pair of `daemons` and waits until they are all connected.
-async fn mesh(daemons: &[&Daemon]) {
-    for (index, daemon) in daemons.iter().enumerate() {
-        for other in &daemons[index + 1..] {
-            let address = other.node().local_addr().unwrap();
-            daemon
-                .node()
-                .connect(address, other.node().peer_id())
-                .await
-                .unwrap();
-        }
-    }
-    tokio::time::timeout(PATIENCE, async {
-        while daemons
-            .iter()
-            .any(|daemon| daemon.node().connected_peers().len() < daemons.len() - 1)
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the daemons connect");
 }
 
 fn ids(daemons: &[&Daemon]) -> Vec<PeerId> {

@@ -1,0 +1,32 @@
+//! What the object tests share: connecting daemons into a full mesh.
+
+use std::time::Duration;
+
+use meshwire_objects::net::Daemon;
+
+/// How long the daemons may take to connect.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Connects every pair of `daemons` and waits until they are all connected.
+pub async fn mesh(daemons: &[&Daemon]) {
+    for (index, daemon) in daemons.iter().enumerate() {
+        for other in &daemons[index + 1..] {
+            let address = other.node().local_addr().unwrap();
+            daemon
+                .node()
+                .connect(address, other.node().peer_id())
+                .await
+                .unwrap();
+        }
+    }
+    tokio::time::timeout(PATIENCE, async {
+        while daemons
+            .iter()
+            .any(|daemon| daemon.node().connected_peers().len() < daemons.len() - 1)
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the daemons connect");
+}
