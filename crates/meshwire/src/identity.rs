@@ -99,7 +99,7 @@ impl Keypair {
         let path = data_dir.join(IDENTITY_FILE);
         match fs::read_to_string(&path) {
             Ok(text) => {
-                warn_if_readable_by_others(&path);
+                warn_if_readable_by_others(&path, "identity key");
                 Self::from_pem(&text).map_err(|reason| IdentityError::Corrupt {
                     path: path.clone(),
                     reason,
@@ -205,8 +205,9 @@ impl Keypair {
 /// The PKCS#8 algorithm identifier of Ed25519 (RFC 8410).
 const ED25519_OID: &str = "1.3.101.112";
 
-/// Logs a warning when the secret key at `path` can be read by its group or by everyone.
-fn warn_if_readable_by_others(path: &Path) {
+/// Logs a warning when the secret file at `path` (`what` names it: "identity key", "HTTP
+/// token") can be read by its group or by everyone.
+pub fn warn_if_readable_by_others(path: &Path, what: &str) {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -216,7 +217,7 @@ fn warn_if_readable_by_others(path: &Path) {
                 tracing::warn!(
                     path = %path.display(),
                     mode = format!("{mode:o}"),
-                    "identity key is readable by other users; chmod 600 it"
+                    "{what} is readable by other users; chmod 600 it"
                 );
             }
         }

@@ -37,7 +37,7 @@ mod udp;
 
 pub use config::{ConfigError, Congestion, NodeConfig, QueueLimits, TransportSettings};
 pub use datagram::{DatagramError, InboundDatagram};
-pub use identity::{IdentityError, Keypair, IDENTITY_FILE};
+pub use identity::{warn_if_readable_by_others, IdentityError, Keypair, IDENTITY_FILE};
 pub use meshwire_proto::backoff::Backoff;
 pub use meshwire_proto::batch::{BatchHeader, BatchLimits, Chunk};
 pub use meshwire_proto::wire::{Limits, ProtocolId};

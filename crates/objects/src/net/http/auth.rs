@@ -141,7 +141,7 @@ impl Token {
                             && text.bytes().all(|b| b.is_ascii_graphic())
                     })
                     .ok_or_else(|| AuthError::BadToken { path: path.clone() })?;
-                warn_if_readable_by_others(&path);
+                meshwire::warn_if_readable_by_others(&path, "HTTP token");
                 Ok(Self {
                     secret: secret.to_string(),
                     path: Some(path),
@@ -189,24 +189,6 @@ fn random_secret() -> std::io::Result<String> {
         .try_fill_bytes(&mut bytes)
         .map_err(std::io::Error::other)?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// Logs a warning when `path` can be read by its group or by everyone.
-pub(crate) fn warn_if_readable_by_others(path: &Path) {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        if let Ok(metadata) = fs::metadata(path) {
-            let mode = metadata.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
-                tracing::warn!(
-                    path = %path.display(),
-                    mode = format!("{mode:o}"),
-                    "secret file is readable by other users; chmod 600 it"
-                );
-            }
-        }
-    }
 }
 
 impl HttpAuth {
