@@ -549,6 +549,19 @@ impl ObjectService {
             .ok_or(ObjectServiceError::NotFound)
     }
 
+    /// The plan of a write to `replicas` replicas: ask them all at once (hedged), succeed at the
+    /// write quorum (clamped to the replicas there are), all under one deadline.
+    pub(crate) fn write_plan(&self, replicas: usize) -> QuorumConfig {
+        let quorum = self.inner.config.write_quorum.min(replicas).max(1);
+        QuorumConfig {
+            policy: Policy::Hedged,
+            quorum,
+            fanout: replicas.max(quorum),
+            max_in_flight: replicas.max(quorum),
+            deadline: self.inner.config.deadline,
+            attempt_timeout: self.inner.config.deadline,
+        }
+    }
     /// Writes `content` under `key` to its replicas; returns once W hold it.
     pub async fn put(&self, key: &str, content: Bytes) -> Result<WriteOutcome, ObjectServiceError> {
         let result = self.put_inner(key, content).await;
@@ -607,15 +620,8 @@ impl ObjectService {
             hash: content_hash(&content),
         };
         let replicas = self.replicas(key);
-        let quorum = self.inner.config.write_quorum.min(replicas.len()).max(1);
-        let config = QuorumConfig {
-            policy: Policy::Hedged,
-            quorum,
-            fanout: replicas.len().max(quorum),
-            max_in_flight: replicas.len().max(quorum),
-            deadline: self.inner.config.deadline,
-            attempt_timeout: self.inner.config.deadline,
-        };
+        let config = self.write_plan(replicas.len());
+        let quorum = config.quorum;
         // The version is this node's latest tick, so it is also the message's clock.
         let mut header = object::encode_store_header(stamp.version, key, &stamp);
         header.extend_from_slice(&content);

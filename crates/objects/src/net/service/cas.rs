@@ -12,7 +12,6 @@ use tokio::time::Instant;
 use crate::net::store::StoreError;
 use crate::proto::cas::{self, CasAnswer, Phase, Precondition};
 use crate::proto::object::{content_hash, Refusal, Stamp};
-use crate::proto::quorum::{Policy, QuorumConfig};
 
 use super::drive::{drive, now, Leftover};
 use super::{lock, ObjectService, ObjectServiceError, ReplicaError, WriteOutcome};
@@ -257,15 +256,7 @@ impl ObjectService {
         replicas: &[PeerId],
         tally: &Arc<Tally>,
     ) -> Result<usize, ObjectServiceError> {
-        let quorum = self.inner.config.write_quorum.min(replicas.len()).max(1);
-        let config = QuorumConfig {
-            policy: Policy::Hedged,
-            quorum,
-            fanout: replicas.len().max(quorum),
-            max_in_flight: replicas.len().max(quorum),
-            deadline: self.inner.config.deadline,
-            attempt_timeout: self.inner.config.deadline,
-        };
+        let config = self.write_plan(replicas.len());
         let clock = self.tick().map_err(ObjectServiceError::Clock)?;
         let mut message = cas::encode_cas_header(clock, phase, key, &stamp);
         message.extend_from_slice(&content);
