@@ -22,9 +22,12 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use meshwire::{IdentityError, Keypair, Node, NodeConfig, NodeError, PeerId};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -224,6 +227,7 @@ impl DaemonBuilder {
             None => Store::in_memory(self.cache_bytes).map_err(DaemonError::MemoryStore)?,
         };
         let service = ObjectService::new(node, store, self.objects, self.options)?;
+        register_start_time(service.node());
         let http = match (self.http, token) {
             (Some(address), Some(token)) => Some(
                 HttpServer::start(
@@ -239,6 +243,23 @@ impl DaemonBuilder {
         };
         Ok(Daemon { service, http })
     }
+}
+
+/// Registers `meshwire_start_time_seconds`: when this daemon started, in seconds since the Unix
+/// epoch (what the dashboard and `meshwire status` compute uptime from).
+fn register_start_time(node: &Node) {
+    let started = Gauge::<f64, AtomicU64>::default();
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    started.set(since_epoch.as_secs_f64());
+    node.metrics().register_with(|registry| {
+        registry.register(
+            "start_time_seconds",
+            "When this node's daemon started, in seconds since the Unix epoch",
+            started,
+        );
+    });
 }
 
 #[derive(Debug)]

@@ -54,6 +54,7 @@ use meshwire::{HandlerError, Node, PeerId, SubscribeError};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
@@ -273,14 +274,33 @@ struct ReasonLabel {
     reason: &'static str,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ObjectMetrics {
     reads: Family<OutcomeLabel, Counter>,
     writes: Family<OutcomeLabel, Counter>,
+    read_seconds: Histogram,
+    write_seconds: Histogram,
     repairs: Counter,
     requests_per_read: Counter,
     refused_requests: Family<ReasonLabel, Counter>,
     refused_answers: Family<ReasonLabel, Counter>,
+}
+
+impl Default for ObjectMetrics {
+    fn default() -> Self {
+        // 0.1 ms to about 3.3 s: a loopback read to one past the default deadline.
+        let buckets = || Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        Self {
+            reads: Family::default(),
+            writes: Family::default(),
+            read_seconds: buckets(),
+            write_seconds: buckets(),
+            repairs: Counter::default(),
+            requests_per_read: Counter::default(),
+            refused_requests: Family::default(),
+            refused_answers: Family::default(),
+        }
+    }
 }
 
 /// How a service is started besides its [`ObjectConfig`].
@@ -390,6 +410,16 @@ impl ObjectService {
                 "object_writes",
                 "Quorum writes by outcome",
                 metrics.writes.clone(),
+            );
+            registry.register(
+                "object_read_duration_seconds",
+                "Latency of successful quorum reads, from the request to the merged answer",
+                metrics.read_seconds.clone(),
+            );
+            registry.register(
+                "object_write_duration_seconds",
+                "Latency of successful quorum writes, from the request to W acknowledgements",
+                metrics.write_seconds.clone(),
             );
             registry.register(
                 "object_read_repairs",
@@ -564,14 +594,25 @@ impl ObjectService {
     }
     /// Writes `content` under `key` to its replicas; returns once W hold it.
     pub async fn put(&self, key: &str, content: Bytes) -> Result<WriteOutcome, ObjectServiceError> {
+        let started = tokio::time::Instant::now();
         let result = self.put_inner(key, content).await;
         let label = match &result {
-            Ok(_) => "ok",
+            Ok(_) => {
+                self.observe_write(started.elapsed());
+                "ok"
+            }
             Err(ObjectServiceError::WriteUnconfirmed { .. }) => "quorum_not_reached",
             Err(_) => "error",
         };
         self.count_write(label);
         result
+    }
+
+    fn observe_write(&self, elapsed: Duration) {
+        self.inner
+            .metrics
+            .write_seconds
+            .observe(elapsed.as_secs_f64());
     }
 
     fn count_write(&self, outcome: &'static str) {

@@ -157,9 +157,13 @@ impl ObjectService {
         content: Bytes,
         precondition: Precondition,
     ) -> Result<WriteOutcome, ObjectServiceError> {
+        let started = tokio::time::Instant::now();
         let result = self.put_if_inner(key, content, precondition).await;
         let label = match &result {
-            Ok(_) => "ok",
+            Ok(_) => {
+                self.observe_write(started.elapsed());
+                "ok"
+            }
             Err(ObjectServiceError::PreconditionFailed { .. }) => "precondition_failed",
             Err(ObjectServiceError::Conflict { .. }) => "conflict",
             Err(

@@ -17,9 +17,16 @@ use super::{
 impl ObjectService {
     /// Reads `key` at quorum from its replicas, merges the copies and repairs stale replicas.
     pub async fn get(&self, key: &str) -> Result<ReadOutcome, ObjectServiceError> {
+        let started = tokio::time::Instant::now();
         let result = self.get_inner(key).await;
         let label = match &result {
-            Ok(_) => "ok",
+            Ok(_) => {
+                self.inner
+                    .metrics
+                    .read_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                "ok"
+            }
             Err(ObjectServiceError::NotFound) => "not_found",
             Err(ObjectServiceError::QuorumNotReached { .. }) => "quorum_not_reached",
             Err(_) => "error",
