@@ -6,9 +6,11 @@
 //! | --- | --- |
 //! | `PUT /objects/{key}` | `201` JSON `{key, version, hash, etag, acks, replicas}` once W replicas hold it; with `If-Match: "<etag>"` or `If-None-Match: *`, only if the current copy matches (`412`, `409` otherwise) |
 //! | `GET /objects/{key}` | `200`, the content (streamed in 64 KiB chunks), quorum read; `?local=true` or header `x-meshwire-read: local` reads this node's store only |
-//! | `GET /status` | JSON: peer id, peers with RTTs and queue depths, store size |
+//! | `GET /status` | JSON: peer id, peers (connected, configured, RTT, queue depth), store size, quorum settings, members |
 //! | `GET /peers` | JSON list of peers |
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 when `Accept` prefers `application/openmetrics-text` |
+//! | `GET /dashboard` | the live dashboard, one static HTML page; served without the token (it holds no data) and reads it from `#token=` in its URL |
+//! | `GET /dashboard/data` | JSON `{now_unix_seconds, status, metrics}`: the `/status` body and every sample of the `/metrics` registry as `{name, labels, value}`, what the dashboard and `meshwire status` poll |
 //!
 //! Errors are JSON `{"error": code, "message": text, ...}` with these statuses: `400 invalid_key`,
 //! `400 invalid_path` (a key that is not UTF-8), `400 bad_request` (other malformed requests),
@@ -24,6 +26,7 @@
 //! the token of [`auth`].
 
 pub mod auth;
+pub mod dashboard;
 pub mod errors;
 pub mod limits;
 pub mod serve;
@@ -70,6 +73,8 @@ fn routes(service: ObjectService) -> Router {
         .route("/status", get(status))
         .route("/peers", get(peers))
         .route("/metrics", get(metrics))
+        .route(dashboard::PAGE_PATH, get(dashboard::page))
+        .route("/dashboard/data", get(dashboard::data))
         .fallback(no_route)
         .with_state(service)
 }
@@ -239,6 +244,7 @@ fn object_response(object: StoredObject, answers: Option<usize>) -> Response {
 struct PeerJson {
     peer: String,
     connected: bool,
+    configured: bool,
     address: Option<String>,
     rtt_ms: Option<f64>,
     queued_messages: usize,
@@ -257,6 +263,7 @@ fn peer_list(service: &ObjectService) -> Vec<PeerJson> {
             PeerJson {
                 peer: status.peer.to_string(),
                 connected: status.connected,
+                configured: status.configured,
                 address: status.address.map(|a| a.to_string()),
                 rtt_ms: status.rtt.map(|rtt| rtt.as_secs_f64() * 1e3),
                 queued_messages: status.queued_messages,
@@ -275,12 +282,17 @@ async fn peers(State(service): State<ObjectService>) -> Json<Vec<PeerJson>> {
 async fn status(
     State(service): State<ObjectService>,
 ) -> Result<Json<serde_json::Value>, ObjectServiceError> {
+    Ok(Json(status_json(&service)?))
+}
+
+/// The body of `GET /status` (also part of `GET /dashboard/data`).
+fn status_json(service: &ObjectService) -> Result<serde_json::Value, ObjectServiceError> {
     let size = service.store().size()?;
     let config = service.config();
-    Ok(Json(json!({
+    Ok(json!({
         "peer_id": service.node().peer_id().to_string(),
         "address": service.node().local_addr().ok().map(|a| a.to_string()),
-        "peers": peer_list(&service),
+        "peers": peer_list(service),
         "store": size,
         "replication": config.replication,
         "write_quorum": config.write_quorum,
@@ -288,7 +300,7 @@ async fn status(
         "read_policy": config.read_policy.name(),
         "members": service.members().iter().map(ToString::to_string).collect::<Vec<_>>(),
         "max_clock_skew_ms": config.max_clock_skew.as_millis() as u64,
-    })))
+    }))
 }
 
 /// The media type of Prometheus text format 0.0.4.
@@ -364,7 +376,7 @@ async fn no_route() -> Response {
     error(
         StatusCode::NOT_FOUND,
         "no_route",
-        "no such route (see GET/PUT /objects/{key}, /status, /peers, /metrics)".into(),
+        "no such route (see GET/PUT /objects/{key}, /status, /peers, /metrics, /dashboard)".into(),
         json!({}),
     )
 }

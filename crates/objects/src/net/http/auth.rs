@@ -12,6 +12,8 @@
 //! - On loopback it is optional unless [`HttpAuth::require_token`] says otherwise. A request that
 //!   sends a token must send the right one, on loopback too.
 //! - [`HttpAuth::metrics_open`] leaves `GET /metrics` open for scrapers.
+//! - `GET /dashboard`, a static page without data, is always open; the data it polls
+//!   (`GET /dashboard/data`) needs the token like every other route (see [`super::dashboard`]).
 //!
 //! A missing or wrong token is `401 unauthorized` (JSON, with `WWW-Authenticate: Bearer`),
 //! counted as `meshwire_http_refused_total{reason="unauthorized"}`.
@@ -253,7 +255,13 @@ impl Gate {
             .get(header::AUTHORIZATION)
             .map(|value| value.as_bytes());
         match presented {
-            None => !self.required || (self.metrics_open && request.uri().path() == "/metrics"),
+            None => {
+                let path = request.uri().path();
+                !self.required
+                    || (self.metrics_open && path == "/metrics")
+                    || (request.method() == axum::http::Method::GET
+                        && path == super::dashboard::PAGE_PATH)
+            }
             Some(value) => value
                 .strip_prefix(b"Bearer ")
                 .is_some_and(|token| bool::from(token.ct_eq(&self.token))),
@@ -344,6 +352,24 @@ mod tests {
         let gate = gate(auth, "127.0.0.1:1").unwrap();
         assert!(gate.admits(&request("/metrics", None)));
         assert!(!gate.admits(&request("/status", None)));
+    }
+
+    #[test]
+    fn the_dashboard_page_is_open_and_its_data_is_not() {
+        let gate = gate(HttpAuth::default(), "0.0.0.0:1").unwrap();
+        assert!(gate.admits(&request("/dashboard", None)));
+        assert!(!gate.admits(&request("/dashboard/data", None)));
+        assert!(!gate.admits(&request("/dashboard/", None)));
+        assert!(gate.admits(&request(
+            "/dashboard/data",
+            Some("Bearer 0123456789abcdef0123")
+        )));
+        let put = axum::http::Request::builder()
+            .method("PUT")
+            .uri("/dashboard")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        assert!(!gate.admits(&put));
     }
 
     #[test]
