@@ -28,6 +28,12 @@ pub async fn run(serve: bool) -> anyhow::Result<()> {
     if serve {
         // Installed only now: during the demo itself ctrl-c keeps its default (exit at once).
         let mut stop = crate::signals::Stop::install()?;
+        println!("\nlive dashboards (open in a browser):");
+        for (index, daemon) in daemons.iter().enumerate() {
+            if let Some(url) = dashboard_url(daemon) {
+                println!("n{index:<4} {url}");
+            }
+        }
         println!(
             "\nserving until ctrl-c or SIGTERM (try: curl -T FILE URL/objects/KEY, curl URL/status)"
         );
@@ -37,6 +43,19 @@ pub async fn run(serve: bool) -> anyhow::Result<()> {
         daemon.shutdown().await?;
     }
     Ok(())
+}
+
+/// The dashboard's URL on `daemon`, with the token in the fragment when the node requires it
+/// (a fragment never reaches a server; the page sends it as a bearer header).
+fn dashboard_url(daemon: &Daemon) -> Option<String> {
+    let address = daemon.http_address()?;
+    let page = meshwire_objects::net::http::dashboard::PAGE_PATH;
+    Some(match daemon.http_token() {
+        Some(token) if daemon.http_token_required() => {
+            format!("http://{address}{page}#token={}", token.secret)
+        }
+        _ => format!("http://{address}{page}"),
+    })
 }
 
 /// Starts a node with its object service (in-memory store) and HTTP API on loopback.

@@ -1,12 +1,14 @@
-//! Run meshwire from the command line: a node, its identity, the demo or the lab.
+//! Run meshwire from the command line: a node, its identity, its status, the demo or the lab.
 
 mod demo;
 mod lab;
 mod progress;
 mod settings;
 mod signals;
+mod status;
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -46,6 +48,9 @@ enum Command {
         #[arg(long, default_value = "meshwire-data")]
         data_dir: PathBuf,
     },
+    /// Ask a running node how it is: peers, gossip and object health, and a verdict. Exits 0
+    /// when healthy, 1 when unhealthy, 2 when the node cannot be asked.
+    Status(status::StatusArgs),
     /// Start 5 nodes on loopback, exchange messages, requests and a fan-out, PUT and GET an object
     /// over their HTTP APIs, print a table and the URLs.
     Demo {
@@ -58,7 +63,7 @@ enum Command {
     Lab(lab::LabCommand),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -74,16 +79,17 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     match cli.command {
-        Command::Node(args) => runtime.block_on(run_node(args)),
+        Command::Node(args) => runtime.block_on(run_node(args))?,
         Command::Id { data_dir } => {
             let keypair = Keypair::load_or_create(&data_dir)?;
             println!("{}", keypair.peer_id());
-            Ok(())
         }
-        Command::Demo { serve } => runtime.block_on(demo::run(serve)),
+        Command::Status(args) => return Ok(runtime.block_on(status::run(args))),
+        Command::Demo { serve } => runtime.block_on(demo::run(serve))?,
         // The lab drives its own virtual-time runtimes.
-        Command::Lab(command) => lab::run(command),
+        Command::Lab(command) => lab::run(command)?,
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
