@@ -85,9 +85,11 @@
 //! | `PUT /objects/{key}` with `If-Match: "<etag>"` or `If-None-Match: *` | compare-and-set: `201` only if the current copy is exactly that ETag (or absent); else `412`, or `409` when another conditional write on the key is in progress |
 //! | `GET /objects/{key}` | `200` content, streamed in 64 KiB chunks; headers `ETag` (`"<version>-<SHA-256 hex>"`), `x-meshwire-version`, `x-meshwire-answers` |
 //! | `GET /objects/{key}?local=true` or header `x-meshwire-read: local` | this node's copy only |
-//! | `GET /status` | peer id, peers (connected, RTT, queued messages/bytes, latency estimate, error rate), store size, quorum settings, `members` (the cluster, this node included), `max_clock_skew_ms` |
+//! | `GET /status` | peer id, peers (connected, configured, RTT, queued messages/bytes, latency estimate, error rate), store size, quorum settings, `members` (the cluster, this node included), `max_clock_skew_ms` |
 //! | `GET /peers` | the peers list of `/status` |
-//! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 when `Accept` prefers `application/openmetrics-text` (node metrics plus `meshwire_object_reads_total{outcome}`, `meshwire_object_writes_total{outcome}` (`ok`, `quorum_not_reached`, `precondition_failed`, `conflict`, `error`), `meshwire_object_read_repairs_total`, `meshwire_object_read_requests_total`, `meshwire_object_refused_requests_total{reason}`, `meshwire_object_refused_answers_total{reason}` with reasons `not_member`, `clock_skew`, `version_limit`, `meshwire_http_refused_total{reason}`, `meshwire_http_connections`) |
+//! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 when `Accept` prefers `application/openmetrics-text` (node metrics plus `meshwire_object_reads_total{outcome}`, `meshwire_object_writes_total{outcome}` (`ok`, `quorum_not_reached`, `precondition_failed`, `conflict`, `error`), `meshwire_object_read_duration_seconds` and `meshwire_object_write_duration_seconds` (histograms of successful operations), `meshwire_start_time_seconds`, `meshwire_object_read_repairs_total`, `meshwire_object_read_requests_total`, `meshwire_object_refused_requests_total{reason}`, `meshwire_object_refused_answers_total{reason}` with reasons `not_member`, `clock_skew`, `version_limit`, `meshwire_http_refused_total{reason}`, `meshwire_http_connections`) |
+//! | `GET /dashboard` | the live dashboard: one static HTML page, open without the token; it reads the token from `#token=` in its URL |
+//! | `GET /dashboard/data` | `{now_unix_seconds, status, metrics}`: the `/status` body and every `/metrics` sample as `{name, labels, value}` (what the dashboard and `meshwire status` poll) |
 //!
 //! Errors are JSON `{"error": CODE, "message": TEXT, ...}`:
 //!
