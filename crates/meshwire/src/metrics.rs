@@ -46,6 +46,14 @@ pub struct OutcomeLabel {
     pub outcome: &'static str,
 }
 
+/// One peer's byte and drop counters (handles into the node's per-peer families).
+#[derive(Debug, Clone)]
+pub(crate) struct PeerCounters {
+    sent: Counter,
+    received: Counter,
+    dropped: Counter,
+}
+
 /// The node's metrics. Handles are cheap to clone; all share the node's registry.
 #[derive(Debug)]
 pub struct Metrics {
@@ -62,6 +70,9 @@ pub struct Metrics {
     pub(crate) requests: Family<OutcomeLabel, Counter>,
     pub(crate) request_seconds: Histogram,
     pub(crate) peer_rtt_seconds: Family<PeerLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub(crate) peer_bytes_sent: Family<PeerLabel, Counter>,
+    pub(crate) peer_bytes_received: Family<PeerLabel, Counter>,
+    pub(crate) peer_dropped: Family<PeerLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -88,6 +99,9 @@ impl Metrics {
             requests: Family::default(),
             request_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             peer_rtt_seconds: Family::default(),
+            peer_bytes_sent: Family::default(),
+            peer_bytes_received: Family::default(),
+            peer_dropped: Family::default(),
         };
         registry.register_with_unit(
             "sent",
@@ -151,6 +165,23 @@ impl Metrics {
             "Smoothed round-trip time per peer, from QUIC path statistics",
             metrics.peer_rtt_seconds.clone(),
         );
+        registry.register_with_unit(
+            "peer_sent",
+            "Frame bytes written to each peer (the same writes as meshwire_sent_bytes_total)",
+            Unit::Bytes,
+            metrics.peer_bytes_sent.clone(),
+        );
+        registry.register_with_unit(
+            "peer_received",
+            "Frame bytes read from each peer (the same reads as meshwire_received_bytes_total)",
+            Unit::Bytes,
+            metrics.peer_bytes_received.clone(),
+        );
+        registry.register(
+            "peer_dropped",
+            "Messages for each peer not delivered (counted in meshwire_dropped_total by reason too)",
+            metrics.peer_dropped.clone(),
+        );
         *metrics.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
         metrics
     }
@@ -193,10 +224,44 @@ impl Metrics {
         self.peer_rtt_gauge(peer).set(rtt.as_secs_f64());
     }
 
-    /// Removes `peer`'s series (its RTT), once the node has forgotten the peer.
+    /// Removes `peer`'s series (RTT, bytes, drops), once the node has forgotten the peer.
     pub(crate) fn forget_peer(&self, peer: &PeerId) {
-        self.peer_rtt_seconds
-            .remove(&PeerLabel { peer: peer.short() });
+        let label = PeerLabel { peer: peer.short() };
+        self.peer_rtt_seconds.remove(&label);
+        self.peer_bytes_sent.remove(&label);
+        self.peer_bytes_received.remove(&label);
+        self.peer_dropped.remove(&label);
+    }
+
+    /// `peer`'s counters of bytes sent, bytes received and dropped messages, for a caller that
+    /// updates them often (no label lookup per update).
+    pub(crate) fn peer_counters(&self, peer: &PeerId) -> PeerCounters {
+        let label = PeerLabel { peer: peer.short() };
+        PeerCounters {
+            sent: self.peer_bytes_sent.get_or_create(&label).clone(),
+            received: self.peer_bytes_received.get_or_create(&label).clone(),
+            dropped: self.peer_dropped.get_or_create(&label).clone(),
+        }
+    }
+
+    /// Counts `bytes` of frames written to a peer, in the node's total and the peer's.
+    pub(crate) fn count_sent(&self, peer: &PeerCounters, bytes: u64) {
+        self.frames_sent.inc();
+        self.bytes_sent.inc_by(bytes);
+        peer.sent.inc_by(bytes);
+    }
+
+    /// Counts `bytes` of a frame read from a peer, in the node's total and the peer's.
+    pub(crate) fn count_received(&self, peer: &PeerCounters, bytes: u64) {
+        self.frames_received.inc();
+        self.bytes_received.inc_by(bytes);
+        peer.received.inc_by(bytes);
+    }
+
+    /// Counts a message for a peer not delivered, by `reason` and for the peer.
+    pub(crate) fn drop_peer_message(&self, peer: &PeerCounters, reason: &'static str) {
+        self.drop_message(reason);
+        peer.dropped.inc();
     }
 
     /// The RTT gauge of `peer`, for a caller that updates it often (no label lookup per update).
@@ -368,7 +433,26 @@ mod tests {
         let metrics = Metrics::new();
         let peer = PeerId::from_bytes([3; 32]);
         metrics.observe_rtt(&peer, std::time::Duration::from_millis(5));
-        assert!(metrics.encode_text().contains(&peer.short()));
+        let counters = metrics.peer_counters(&peer);
+        metrics.count_sent(&counters, 10);
+        metrics.count_received(&counters, 20);
+        metrics.drop_peer_message(&counters, "connection_lost");
+        let text = metrics.encode_text();
+        let label = format!("{{peer=\"{}\"}}", peer.short());
+        assert!(
+            text.contains(&format!("meshwire_peer_sent_bytes_total{label} 10")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("meshwire_peer_received_bytes_total{label} 20")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("meshwire_peer_dropped_total{label} 1")),
+            "{text}"
+        );
+        assert!(text.contains("meshwire_sent_bytes_total 10"), "{text}");
+        assert_eq!(metrics.dropped_count("connection_lost"), 1);
         metrics.forget_peer(&peer);
         assert!(!metrics.encode_text().contains(&peer.short()));
     }

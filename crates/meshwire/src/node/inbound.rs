@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 
 use super::{batch, Inner, Node, SubscribeError, CLOSE_PROTOCOL_VIOLATION};
 use crate::framing::{read_frame_after, wire_error_label, ReadFrameError};
+use crate::metrics::PeerCounters;
 
 /// A message received from a peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +74,7 @@ impl Inner {
         remote: PeerId,
         frame: &wire::Frame,
         expected: Kind,
+        counters: &PeerCounters,
     ) -> bool {
         if frame.header.kind != expected {
             self.protocol_violation(connection, remote, "unexpected_kind");
@@ -82,10 +84,10 @@ impl Inner {
             self.protocol_violation(connection, remote, "wrong_destination");
             return false;
         }
-        self.metrics.frames_received.inc();
-        self.metrics
-            .bytes_received
-            .inc_by((frame.payload.len() + wire::FRAME_OVERHEAD) as u64);
+        self.metrics.count_received(
+            counters,
+            (frame.payload.len() + wire::FRAME_OVERHEAD) as u64,
+        );
         true
     }
 
@@ -131,6 +133,7 @@ impl Inner {
             return;
         }
         let mut prefix: &[u8] = &magic;
+        let counters = self.metrics.peer_counters(&remote);
         loop {
             let read = read_frame_after(&mut recv, prefix, &self.config.limits).await;
             prefix = &[];
@@ -142,7 +145,7 @@ impl Inner {
                     return;
                 }
             };
-            if !self.accept_frame(&connection, remote, &frame, Kind::Message) {
+            if !self.accept_frame(&connection, remote, &frame, Kind::Message, &counters) {
                 return;
             }
             self.deliver(InboundMessage {

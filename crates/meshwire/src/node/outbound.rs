@@ -207,14 +207,24 @@ impl Node {
         let mut report = SendManyReport::default();
         let known = lock(&self.inner.peers);
         for peer in peers {
-            let result = match known.get(peer) {
+            let entry = known.get(peer);
+            let result = match entry {
                 Some(entry) => entry.queue.try_push(*peer, &message, &entry.dst),
                 None => Err(unknown_peer(*peer, &message)),
             };
             match result {
                 Ok(()) => report.queued += 1,
                 Err(error) => {
-                    self.inner.metrics.drop_message("send_refused");
+                    // Only a known peer has series (an unknown one would never be forgotten).
+                    match entry {
+                        Some(_) => {
+                            let counters = self.inner.metrics.peer_counters(peer);
+                            self.inner
+                                .metrics
+                                .drop_peer_message(&counters, "send_refused");
+                        }
+                        None => self.inner.metrics.drop_message("send_refused"),
+                    }
                     report.failed.push((*peer, error));
                 }
             }
@@ -263,6 +273,7 @@ impl Inner {
     ) {
         // Looked up once: the writer updates it after every drained queue.
         let rtt_gauge = self.metrics.peer_rtt_gauge(&peer);
+        let counters = self.metrics.peer_counters(&peer);
         let mut stream: Option<(usize, SendStream)> = None;
         while let Some(mut item) = queue.recv().await {
             let connection = loop {
@@ -278,14 +289,14 @@ impl Inner {
                 }
             };
             let Some(connection) = connection else {
-                self.metrics.drop_message("peer_removed");
+                self.metrics.drop_peer_message(&counters, "peer_removed");
                 break;
             };
             if stream.as_ref().map(|(id, _)| *id) != Some(connection.stable_id()) {
                 stream = match connection.open_uni().await {
                     Ok(send) => Some((connection.stable_id(), send)),
                     Err(_) => {
-                        self.metrics.drop_message("connection_lost");
+                        self.metrics.drop_peer_message(&counters, "connection_lost");
                         continue;
                     }
                 };
@@ -295,14 +306,13 @@ impl Inner {
             };
             match send.write_all_chunks(&mut item.chunks).await {
                 Ok(()) => {
-                    self.metrics.frames_sent.inc();
-                    self.metrics.bytes_sent.inc_by(item.len);
+                    self.metrics.count_sent(&counters, item.len);
                     if queue.is_empty() {
                         rtt_gauge.set(connection.rtt().as_secs_f64());
                     }
                 }
                 Err(_) => {
-                    self.metrics.drop_message("connection_lost");
+                    self.metrics.drop_peer_message(&counters, "connection_lost");
                     stream = None;
                 }
             }
@@ -310,7 +320,7 @@ impl Inner {
         // The peer was removed: count what was still queued.
         queue.close();
         while queue.try_recv().is_ok() {
-            self.metrics.drop_message("peer_removed");
+            self.metrics.drop_peer_message(&counters, "peer_removed");
         }
     }
 }

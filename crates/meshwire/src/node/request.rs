@@ -141,8 +141,9 @@ impl Inner {
             .await
             .map_err(RequestError::WriteFailed)?;
         let _ = send.finish();
-        self.metrics.frames_sent.inc();
-        self.metrics.bytes_sent.inc_by(message.frame_len() as u64);
+        let counters = self.metrics.peer_counters(&peer);
+        self.metrics
+            .count_sent(&counters, message.frame_len() as u64);
         let frame = match read_frame(&mut recv, &self.config.limits).await {
             Ok(Some(frame)) => frame,
             Ok(None) => return Err(RequestError::NoResponse),
@@ -153,10 +154,10 @@ impl Inner {
             }
         };
         self.metrics.observe_rtt(&peer, connection.rtt());
-        self.metrics.frames_received.inc();
-        self.metrics
-            .bytes_received
-            .inc_by((frame.payload.len() + wire::FRAME_OVERHEAD) as u64);
+        self.metrics.count_received(
+            &counters,
+            (frame.payload.len() + wire::FRAME_OVERHEAD) as u64,
+        );
         if frame.dst != self.local_id {
             self.protocol_violation(&connection, peer, "wrong_destination");
             return Err(RequestError::WrongDestination);

@@ -113,7 +113,8 @@ impl Inner {
                 return;
             }
         };
-        if !self.accept_frame(&connection, remote, &frame, Kind::Request) {
+        let counters = self.metrics.peer_counters(&remote);
+        if !self.accept_frame(&connection, remote, &frame, Kind::Request, &counters) {
             return;
         }
         let protocol = frame.header.protocol;
@@ -185,8 +186,9 @@ impl Inner {
             .await
             .is_ok()
         {
-            self.metrics.frames_sent.inc();
-            self.metrics.bytes_sent.inc_by(message.frame_len() as u64);
+            let counters = self.metrics.peer_counters(&remote);
+            self.metrics
+                .count_sent(&counters, message.frame_len() as u64);
         }
         let _ = send.finish();
     }
