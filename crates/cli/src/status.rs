@@ -388,8 +388,8 @@ pub fn table(data: &Value) -> String {
     );
     let _ = writeln!(
         out,
-        "\n{:<18} {:<22} {:<10} {:>9} {:>7} {:>12}",
-        "peer", "address", "state", "rtt", "queued", "queued bytes"
+        "\n{:<18} {:<22} {:<10} {:>9} {:>7} {:>12} {:>8}",
+        "peer", "address", "state", "rtt", "queued", "queued bytes", "dropped"
     );
     for peer in peers(data) {
         let id = peer["peer"].as_str().unwrap_or("?");
@@ -401,15 +401,22 @@ pub fn table(data: &Value) -> String {
         let rtt = peer["rtt_ms"]
             .as_f64()
             .map_or_else(|| "-".to_string(), |rtt| format!("{rtt:.2} ms"));
+        // Per-peer series are labelled with the peer id's first ten characters.
+        let dropped = total(
+            data,
+            "meshwire_peer_dropped_total",
+            &[("peer", id.get(..10).unwrap_or(id))],
+        );
         let _ = writeln!(
             out,
-            "{:<18} {:<22} {:<10} {:>9} {:>7} {:>12}",
+            "{:<18} {:<22} {:<10} {:>9} {:>7} {:>12} {:>8}",
             id.get(..16).unwrap_or(id),
             peer["address"].as_str().unwrap_or("-"),
             state,
             rtt,
             peer["queued_messages"].as_u64().unwrap_or(0),
             peer["queued_bytes"].as_u64().unwrap_or(0),
+            dropped,
         );
     }
     if peers(data).is_empty() {
