@@ -102,6 +102,7 @@ start_node() { # n
 show_logs() {
   local n
   for ((n = 1; n <= nodes; n++)); do
+    kill -0 "${pids[n]}" 2>/dev/null || echo "  node$n: its process has exited"
     echo "  node$n log (last lines):"
     tail -5 "$work/node$n.log" | sed 's/^/    /'
   done
@@ -160,6 +161,7 @@ done
 for ((n = 1; n <= nodes; n++)); do
   for _ in $(seq 1 100); do
     [ -s "$work/node$n/http-token" ] && break
+    kill -0 "${pids[n]}" 2>/dev/null || break
     sleep 0.1
   done
 done
@@ -207,7 +209,7 @@ echo "$written/${#keys[@]} PUTs reached their write quorum, $read_ok/${#keys[@]}
 
 echo "== 3. SIGKILL node 3"
 begin=$(date +%s%3N)
-held_before=$(stored_objects 3)
+held_before=$(stored_objects 3 || echo 0)
 kill -KILL "${pids[3]}"
 wait "${pids[3]}" 2>/dev/null || true
 if wait_peers 3 1 2 4 5; then
@@ -231,7 +233,7 @@ else
   show_logs
   fail "node3 did not rejoin within 60 s"
 fi
-held_after=$(stored_objects 3)
+held_after=$(stored_objects 3 || echo 0)
 if [ "$held_after" -ge "$held_before" ] && [ "$held_before" -gt 0 ]; then
   echo "node3's store survived the SIGKILL: $held_before objects before, $held_after after"
 else
