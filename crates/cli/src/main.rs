@@ -204,10 +204,11 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
 /// again every 30 s, so a peer that comes back at a new address (a rescheduled pod) is redialed
 /// there.
 async fn follow_peer_name(node: meshwire::Node, peer: settings::PeerAddress) {
+    let ipv4 = node.local_addr().map_or(true, |local| local.is_ipv4());
     let mut delay = Duration::from_secs(1);
     let mut current = None;
     loop {
-        match peer.resolve().await {
+        match peer.resolve(ipv4).await {
             Ok(address) if current != Some(address) => {
                 if let Err(error) = node.add_peer(address, peer.peer_id) {
                     tracing::warn!(peer = %peer.peer_id, %error, "cannot add peer");

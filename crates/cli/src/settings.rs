@@ -59,15 +59,17 @@ pub struct PeerAddress {
 }
 
 impl PeerAddress {
-    /// The address's first resolution (no lookup for an IP address).
-    pub async fn resolve(&self) -> std::io::Result<SocketAddr> {
+    /// The address's first resolution in the family a node's socket can reach (IPv4 or IPv6;
+    /// no lookup for an IP address).
+    pub async fn resolve(&self, ipv4: bool) -> std::io::Result<SocketAddr> {
         tokio::net::lookup_host(self.address.as_str())
             .await?
-            .next()
+            .find(|address| address.is_ipv4() == ipv4)
             .ok_or_else(|| {
+                let family = if ipv4 { "IPv4" } else { "IPv6" };
                 std::io::Error::new(
                     std::io::ErrorKind::NotFound,
-                    format!("{} resolves to no address", self.address),
+                    format!("{} resolves to no {family} address", self.address),
                 )
             })
     }
