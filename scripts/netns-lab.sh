@@ -34,33 +34,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # `lab compare` fails by returning an error; its message is the summary, not a backtrace.
 export RUST_LIB_BACKTRACE=0
-
-skip() {
-  echo "skipped: $*"
-  exit 0
-}
-
-[ "$(id -u)" -eq 0 ] || skip "netns-lab needs root (network namespaces, veth, tc)"
-command -v ip >/dev/null 2>&1 || skip "no 'ip' command (install iproute2)"
-command -v tc >/dev/null 2>&1 || skip "no 'tc' command (install iproute2)"
+# shellcheck source=scripts/lib/netns.sh
+source scripts/lib/netns.sh
 
 prefix="mwl$$"
-probe="${prefix}-probe"
-ip netns add "$probe" 2>/dev/null || skip "cannot create network namespaces here (ip netns add failed)"
-ip netns del "$probe"
+netns_require netns-lab "$prefix"
 
 work=$(mktemp -d /tmp/mwl.XXXXXX)
-namespaces=()
 cleanup() {
-  local ns pid
-  for ns in "${namespaces[@]}"; do
-    for pid in $(ip netns pids "$ns" 2>/dev/null); do
-      kill "$pid" 2>/dev/null || true
-    done
-  done
-  for ns in "${namespaces[@]}"; do
-    ip netns del "$ns" 2>/dev/null || true
-  done
+  netns_cleanup
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -115,20 +97,11 @@ done
 
 echo "== network: bridge namespace ${prefix}-br, $max_hosts host namespaces"
 bridge="${prefix}-br"
-ip netns add "$bridge"
-namespaces+=("$bridge")
-ip -n "$bridge" link set lo up
-ip -n "$bridge" link add br0 type bridge
-ip -n "$bridge" link set br0 mtu 1600 up
+netns_bridge "$bridge" 1600
 for ((i = 0; i < max_hosts; i++)); do
   ns="${prefix}-h$i"
-  ip netns add "$ns"
-  namespaces+=("$ns")
-  ip -n "$ns" link set lo up
-  ip -n "$bridge" link add "p$i" mtu 1600 type veth peer name eth0 netns "$ns" mtu 1600
-  ip -n "$bridge" link set "p$i" master br0 up
-  ip -n "$ns" addr add "10.77.0.$((i + 1))/24" dev eth0
-  ip -n "$ns" link set eth0 up
+  netns_add "$ns"
+  netns_attach "$bridge" "$ns" "$i" "10.77.0.$((i + 1))/24" 1600
 done
 
 # A full lab datagram is quinn's 1472-byte payload (what link rates count) plus the ECN byte, UDP
@@ -138,22 +111,23 @@ payload=1472
 set_rate() { # rate_bits_per_s queue_bytes hosts
   local rate=$1 queue=$2 hosts=$3 i tbf_rate limit burst
   for ((i = 0; i < hosts; i++)); do
-    # A fresh qdisc per case, so its drop counter counts this case alone.
-    tc -n "$bridge" qdisc del dev "p$i" root 2>/dev/null || true
-    [ "$rate" -gt 0 ] || continue
+    # A fresh qdisc per case (netns_tbf), so its drop counter counts this case alone.
+    if [ "$rate" -le 0 ]; then
+      netns_tbf "$bridge" "$i" 0 0 0
+      continue
+    fi
     tbf_rate=$((rate * frame / payload))
     limit=$((queue * frame / payload))
     # A burst of a quarter millisecond at the rate, at least two frames.
     burst=$((tbf_rate / 8 / 4000))
     [ "$burst" -ge $((2 * frame)) ] || burst=$((2 * frame))
-    tc -n "$bridge" qdisc add dev "p$i" root tbf rate "${tbf_rate}bit" burst "$burst" limit "$limit"
+    netns_tbf "$bridge" "$i" "$tbf_rate" "$burst" "$limit"
   done
 }
 tbf_drops() { # hosts
-  local total=0 i dropped
+  local total=0 i
   for ((i = 0; i < $1; i++)); do
-    dropped=$(tc -s -n "$bridge" qdisc show dev "p$i" | awk '/dropped/ {gsub(",", "", $7); print $7; exit}')
-    total=$((total + ${dropped:-0}))
+    total=$((total + $(netns_tbf_drops "$bridge" "$i")))
   done
   echo "$total"
 }

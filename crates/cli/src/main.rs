@@ -94,6 +94,10 @@ fn main() -> anyhow::Result<ExitCode> {
 
 async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     let settings = Settings::load(&args)?;
+    if args.check_config {
+        println!("{}", settings.check()?);
+        return Ok(());
+    }
     // Signal handlers first, so a SIGTERM during startup is not the default (immediate) exit.
     let mut stop = Stop::install()?;
     let daemon = Daemon::builder(settings.objects)
@@ -146,8 +150,18 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
         println!("  use: curl -H \"Authorization: Bearer $(cat {path})\" ...");
     }
     let mut events = node.events();
-    for peer in &settings.peers {
-        node.add_peer(peer.address, peer.peer_id)?;
+    // Every member can share one config file listing all of them: this node skips itself.
+    for peer in settings
+        .peers
+        .iter()
+        .filter(|p| p.peer_id != node.peer_id())
+    {
+        match peer.address.parse() {
+            Ok(address) => node.add_peer(address, peer.peer_id)?,
+            Err(_) => {
+                tokio::spawn(follow_peer_name(node.clone(), peer.clone()));
+            }
+        }
     }
     let mut status = tokio::time::interval(Duration::from_secs(30));
     loop {
@@ -189,4 +203,33 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     daemon.shutdown().await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Keeps a peer configured by DNS name at the address its name resolves to: retries the first
+/// lookup with backoff (a Kubernetes pod's name exists only once the pod does), then looks it up
+/// again every 30 s, so a peer that comes back at a new address (a rescheduled pod) is redialed
+/// there.
+async fn follow_peer_name(node: meshwire::Node, peer: settings::PeerAddress) {
+    let ipv4 = node.local_addr().map_or(true, |local| local.is_ipv4());
+    let mut delay = Duration::from_secs(1);
+    let mut current = None;
+    loop {
+        match peer.resolve(ipv4).await {
+            Ok(address) if current != Some(address) => {
+                if let Err(error) = node.add_peer(address, peer.peer_id) {
+                    tracing::warn!(peer = %peer.peer_id, %error, "cannot add peer");
+                    return;
+                }
+                tracing::info!(peer = %peer.peer_id.short(), name = %peer.address, %address, "peer address");
+                current = Some(address);
+                delay = Duration::from_secs(30);
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(peer = %peer.peer_id.short(), name = %peer.address, %error, ?delay, "cannot resolve peer");
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+        tokio::time::sleep(delay).await;
+    }
 }

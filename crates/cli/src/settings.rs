@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use meshwire::{Congestion, NodeConfig, PeerId};
+use meshwire::{Congestion, Keypair, NodeConfig, PeerId};
 use meshwire_objects::net::{HttpAuth, HttpLimits};
 use serde::Deserialize;
 
@@ -41,13 +41,38 @@ pub struct NodeArgs {
     /// reaches the port can write; logged as a warning).
     #[arg(long)]
     pub danger_http_without_token: bool,
+    /// Check the config file and flags as a start would (identity, transport, objects, HTTP
+    /// limits and token policy), print a one-line summary and exit without binding anything:
+    /// status 0 when the node would start, 1 with the reason otherwise. Peer host names are
+    /// checked for form only, not looked up.
+    #[arg(long)]
+    pub check_config: bool,
 }
 
-/// A peer's identity and address: `PEERID@HOST:PORT`.
+/// A peer's identity and address: `PEERID@HOST:PORT`, where HOST is an IP address or a DNS name
+/// (a Kubernetes pod's stable name, for one), resolved when the node starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerAddress {
     pub peer_id: PeerId,
-    pub address: SocketAddr,
+    /// `HOST:PORT` as given.
+    pub address: String,
+}
+
+impl PeerAddress {
+    /// The address's first resolution in the family a node's socket can reach (IPv4 or IPv6;
+    /// no lookup for an IP address).
+    pub async fn resolve(&self, ipv4: bool) -> std::io::Result<SocketAddr> {
+        tokio::net::lookup_host(self.address.as_str())
+            .await?
+            .find(|address| address.is_ipv4() == ipv4)
+            .ok_or_else(|| {
+                let family = if ipv4 { "IPv4" } else { "IPv6" };
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("{} resolves to no {family} address", self.address),
+                )
+            })
+    }
 }
 
 impl FromStr for PeerAddress {
@@ -57,13 +82,29 @@ impl FromStr for PeerAddress {
         let (id, address) = text
             .split_once('@')
             .with_context(|| format!("peer {text:?} is not PEERID@HOST:PORT"))?;
+        let peer_id = id
+            .parse()
+            .with_context(|| format!("bad peer id in {text:?}"))?;
+        if address.parse::<SocketAddr>().is_err() {
+            let (host, port) = address
+                .rsplit_once(':')
+                .with_context(|| format!("bad address in {text:?}: not HOST:PORT"))?;
+            port.parse::<u16>()
+                .with_context(|| format!("bad port in {text:?}"))?;
+            let label_ok = |label: &str| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            };
+            if host.len() > 253 || !host.split('.').all(label_ok) {
+                bail!("bad address in {text:?}: {host:?} is neither an IP address nor a DNS name");
+            }
+        }
         Ok(Self {
-            peer_id: id
-                .parse()
-                .with_context(|| format!("bad peer id in {text:?}"))?,
-            address: address
-                .parse()
-                .with_context(|| format!("bad address in {text:?}"))?,
+            peer_id,
+            address: address.to_string(),
         })
     }
 }
@@ -220,6 +261,70 @@ impl Settings {
         })
     }
 
+    /// Checks everything a start checks before it binds (identity, transport, objects, HTTP
+    /// limits and token policy) without creating, binding or looking up anything, and returns a
+    /// one-line summary.
+    pub fn check(&self) -> anyhow::Result<String> {
+        let identity = Keypair::load(&self.data_dir)?;
+        // A throwaway key stands in for one the start would create; only the settings are checked.
+        let mut config = NodeConfig::new(identity.clone().unwrap_or_else(Keypair::generate));
+        self.apply(&mut config);
+        config.validate().context("[transport] is invalid")?;
+        self.objects
+            .validate_for(config.limits.max_payload_bytes)
+            .context("[objects] is invalid")?;
+        self.http_limits
+            .validate_for(self.objects.max_object_bytes)
+            .context("[http] is invalid")?;
+        self.http_auth.check(self.http)?;
+        let who = match &identity {
+            Some(keypair) => format!(
+                "peer {} ({})",
+                keypair.peer_id(),
+                self.data_dir.join("identity.pem").display()
+            ),
+            None => format!(
+                "new identity (created in {} at start)",
+                self.data_dir.display()
+            ),
+        };
+        let own = identity.as_ref().map(Keypair::peer_id);
+        // A start skips the entry with the node's own PeerId (one file can list every member).
+        let peers = self
+            .peers
+            .iter()
+            .filter(|peer| Some(peer.peer_id) != own)
+            .count();
+        let mut members: HashSet<PeerId> = self.members.iter().copied().collect();
+        members.extend(own);
+        let token = if self.token_required() {
+            "token required"
+        } else {
+            "token optional"
+        };
+        Ok(format!(
+            "config ok: {who}; udp {}; http {} ({token}); {} peers; {} members; \
+             replication {}, write quorum {}, read quorum {}",
+            self.listen,
+            self.http,
+            peers,
+            members.len().max(1),
+            self.objects.replication,
+            self.objects.write_quorum,
+            self.objects.read_quorum,
+        ))
+    }
+
+    /// Whether the HTTP API will require the token on every request (as the daemon decides it).
+    fn token_required(&self) -> bool {
+        let auth = &self.http_auth;
+        if self.http.ip().is_loopback() {
+            auth.require_token.unwrap_or(false)
+        } else {
+            auth.require_token == Some(true) || !auth.danger_allow_unauthenticated
+        }
+    }
+
     pub fn apply(&self, config: &mut NodeConfig) {
         config.allowlist = self.allowlist.clone();
         let transport = &mut config.transport;
@@ -340,6 +445,7 @@ mod tests {
             http: None,
             members: Vec::new(),
             danger_http_without_token: false,
+            check_config: false,
         }
     }
 
@@ -348,9 +454,27 @@ mod tests {
         let id = PeerId::from_bytes([5; 32]);
         let parsed: PeerAddress = format!("{id}@127.0.0.1:9000").parse().unwrap();
         assert_eq!(parsed.peer_id, id);
-        assert_eq!(parsed.address, "127.0.0.1:9000".parse().unwrap());
+        assert_eq!(parsed.address, "127.0.0.1:9000");
+        let named: PeerAddress = format!("{id}@meshwire-1.meshwire.default.svc:7700")
+            .parse()
+            .unwrap();
+        assert_eq!(named.address, "meshwire-1.meshwire.default.svc:7700");
+        let v6: PeerAddress = format!("{id}@[::1]:7700").parse().unwrap();
+        assert_eq!(v6.address, "[::1]:7700");
         assert!("nonsense".parse::<PeerAddress>().is_err());
-        assert!(format!("{id}@nowhere").parse::<PeerAddress>().is_err());
+        for bad in [
+            "nowhere",
+            "host:port",
+            "host:70000",
+            ":7700",
+            "bad_host:7700",
+            "a..b:1",
+        ] {
+            assert!(
+                format!("{id}@{bad}").parse::<PeerAddress>().is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

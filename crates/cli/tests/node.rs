@@ -98,3 +98,48 @@ fn a_dial_to_the_wrong_key_is_a_warning_with_both_peer_ids() {
     assert!(warning.contains(&format!("expected={stale}")), "{warning}");
     assert!(warning.contains(&format!("actual={real}")), "{warning}");
 }
+
+#[test]
+fn a_peer_given_by_host_name_is_resolved_and_connected() {
+    let dir = tempfile::tempdir().unwrap();
+    let (named_dir, dialer_dir) = (dir.path().join("named"), dir.path().join("dialer"));
+    let named = peer_id(&named_dir);
+    let named_udp = free_udp();
+    let _named = node(&named_dir, named_udp, &[]);
+    let mut dialer = Command::new(BIN);
+    dialer
+        .arg("node")
+        .arg("--data-dir")
+        .arg(&dialer_dir)
+        .arg("--listen")
+        .arg(free_udp().to_string())
+        .arg("--http")
+        .arg(free_tcp().to_string())
+        .arg("--peer")
+        .arg(format!("{named}@localhost:{}", named_udp.port()))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut dialer = Killed(dialer.spawn().unwrap());
+    let stderr = dialer.0.stderr.take().unwrap();
+    let (lines, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let connected = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = received
+            .recv_timeout(left)
+            .expect("a connection to the named peer within 20 s");
+        if line.contains("connected") && line.contains(&named) && !line.contains("disconnected") {
+            break line;
+        }
+    };
+    assert!(connected.contains(&named_udp.to_string()), "{connected}");
+}

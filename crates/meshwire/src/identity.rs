@@ -96,20 +96,31 @@ impl Keypair {
     /// (file mode 0600) if there is none. A file that exists but does not parse is an error.
     /// A key file that other users can read is used, with a warning.
     pub fn load_or_create(data_dir: &Path) -> Result<Self, IdentityError> {
+        match Self::load(data_dir)? {
+            Some(keypair) => Ok(keypair),
+            None => {
+                let keypair = Self::generate();
+                keypair.save(&data_dir.join(IDENTITY_FILE))?;
+                Ok(keypair)
+            }
+        }
+    }
+
+    /// Loads the identity from `data_dir/identity.pem` as [`Keypair::load_or_create`] does, but
+    /// creates nothing: `None` when there is no such file.
+    pub fn load(data_dir: &Path) -> Result<Option<Self>, IdentityError> {
         let path = data_dir.join(IDENTITY_FILE);
         match fs::read_to_string(&path) {
             Ok(text) => {
                 warn_if_readable_by_others(&path, "identity key");
-                Self::from_pem(&text).map_err(|reason| IdentityError::Corrupt {
-                    path: path.clone(),
-                    reason,
-                })
+                Self::from_pem(&text)
+                    .map(Some)
+                    .map_err(|reason| IdentityError::Corrupt {
+                        path: path.clone(),
+                        reason,
+                    })
             }
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                let keypair = Self::generate();
-                keypair.save(&path)?;
-                Ok(keypair)
-            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(error) if error.kind() == std::io::ErrorKind::InvalidData => {
                 Err(IdentityError::Corrupt {
                     path,

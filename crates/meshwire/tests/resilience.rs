@@ -68,6 +68,32 @@ async fn a_restarted_peer_is_reconnected_within_the_backoff_bound() {
     assert_eq!(&message.payload[..], b"after restart");
 }
 
+#[tokio::test]
+async fn a_configured_peer_that_moved_is_redialed_at_its_new_address() {
+    let a = start(1);
+    let b = start(2);
+    let b_id = b.peer_id();
+    let mut events = a.events();
+    a.add_peer(b.local_addr().unwrap(), b_id).unwrap();
+    until_connected(&a, b_id).await;
+
+    b.close().await;
+    drop(b);
+    next_event(
+        &mut events,
+        |e| matches!(e, ConnectionEvent::Disconnected { peer, .. } if *peer == b_id),
+    )
+    .await;
+    // The same identity comes back on another port (a rescheduled pod gets a new address).
+    let b = start(2);
+    let mut inbox = b.subscribe(CHAT).unwrap();
+    a.add_peer(b.local_addr().unwrap(), b_id).unwrap();
+    until_connected(&a, b_id).await;
+    let message =
+        round_trip_message(&a, b_id, CHAT, Bytes::from_static(b"moved"), &mut inbox).await;
+    assert_eq!(&message.payload[..], b"moved");
+}
+
 /// A raw QUIC connection with a valid identity, for sending bytes a meshwire node would never send.
 async fn raw_connection(seed: u8, target: &Node) -> quinn::Connection {
     let identity = TlsIdentity::new(&Keypair::from_seed([seed; 32])).unwrap();

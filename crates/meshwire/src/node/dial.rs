@@ -63,7 +63,8 @@ impl Node {
     }
 
     /// Adds a configured peer: the node dials it now and redials it, with backoff, whenever the
-    /// connection drops, until the node shuts down.
+    /// connection drops, until the node shuts down. Called again for a configured peer, it changes
+    /// the address the next dials use (a peer that moved, found again by its DNS name).
     pub fn add_peer(&self, address: SocketAddr, peer: PeerId) -> Result<(), DialError> {
         self.inner.check_dialable(peer)?;
         {
@@ -327,6 +328,11 @@ impl Inner {
                 return;
             }
             loop {
+                // The latest configured address: `add_peer` may have moved the peer since.
+                let address = lock(&self.peers)
+                    .get(&peer)
+                    .and_then(|entry| entry.address)
+                    .unwrap_or(address);
                 let dialed = tokio::select! {
                     result = self.clone().dial(address, peer) => result,
                     _ = self.shutdown_signal() => return,

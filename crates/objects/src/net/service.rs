@@ -107,6 +107,35 @@ impl Default for ObjectConfig {
     }
 }
 
+impl ObjectConfig {
+    /// Checks what [`ObjectService::new`] checks, before any node exists: the quorums fit the
+    /// replication and the largest object fits a node message of `max_payload_bytes`.
+    pub fn validate_for(&self, max_payload_bytes: u32) -> Result<(), ObjectServiceError> {
+        QuorumConfig {
+            policy: self.read_policy,
+            ..QuorumConfig::hedged(self.read_quorum, self.deadline)
+        }
+        .validate()?;
+        if self.write_quorum == 0
+            || self.write_quorum > self.replication
+            || self.read_quorum > self.replication
+        {
+            return Err(QuorumError::Invalid("need 1 <= W, read quorum <= R").into());
+        }
+        let overhead = crate::proto::object::MAX_MESSAGE_OVERHEAD;
+        let largest = (max_payload_bytes as usize).saturating_sub(overhead);
+        if self.max_object_bytes > largest {
+            return Err(ObjectServiceError::ObjectLimit {
+                max_object_bytes: self.max_object_bytes,
+                max_payload_bytes,
+                overhead,
+                largest,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The physical clock versions are built on: Unix time in milliseconds.
 pub trait PhysicalClock: std::fmt::Debug + Send + Sync {
     /// Milliseconds since the Unix epoch.
@@ -358,28 +387,7 @@ impl ObjectService {
         config: ObjectConfig,
         options: ServiceOptions,
     ) -> Result<Self, ObjectServiceError> {
-        QuorumConfig {
-            policy: config.read_policy,
-            ..QuorumConfig::hedged(config.read_quorum, config.deadline)
-        }
-        .validate()?;
-        if config.write_quorum == 0
-            || config.write_quorum > config.replication
-            || config.read_quorum > config.replication
-        {
-            return Err(QuorumError::Invalid("need 1 <= W, read quorum <= R").into());
-        }
-        let max_payload_bytes = node.config().limits.max_payload_bytes;
-        let overhead = crate::proto::object::MAX_MESSAGE_OVERHEAD;
-        let largest = (max_payload_bytes as usize).saturating_sub(overhead);
-        if config.max_object_bytes > largest {
-            return Err(ObjectServiceError::ObjectLimit {
-                max_object_bytes: config.max_object_bytes,
-                max_payload_bytes,
-                overhead,
-                largest,
-            });
-        }
+        config.validate_for(node.config().limits.max_payload_bytes)?;
         let rng = match options.seed {
             Some(seed) => SmallRng::seed_from_u64(seed),
             None => SmallRng::from_os_rng(),
