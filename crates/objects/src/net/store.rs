@@ -21,6 +21,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use crate::proto::cas::Precondition;
+use crate::proto::entropy::wins;
 use crate::proto::object::{content_hash, Stamp};
 use bytes::Bytes;
 use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
@@ -227,11 +228,8 @@ impl Store {
             if precondition.is_some_and(|p| !p.holds(current.as_ref())) {
                 return Ok(Err(current));
             }
-            let wins = old.is_none_or(|(old, _)| {
-                stamp.version > old.version
-                    || (stamp.version == old.version && stamp.hash < old.hash)
-            });
-            if !wins {
+            let newer = old.is_none_or(|(old, _)| wins(&stamp, &old));
+            if !newer {
                 return Ok(Err(current));
             }
             let mut record = Vec::with_capacity(RECORD_HEADER + content.len());
@@ -248,6 +246,34 @@ impl Store {
         txn.commit()?;
         self.cache().insert(key, StoredObject { stamp, content });
         Ok(Ok(stamp))
+    }
+
+    /// Calls `visit` with the key, stamp and content length of every record, in key order,
+    /// reading only the records' headers (the content is not hashed: a damaged record shows when
+    /// it is read). Anti-entropy computes its digests with this.
+    pub fn scan_stamps(&self, mut visit: impl FnMut(&str, Stamp, usize)) -> Result<(), StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(OBJECTS)?;
+        for record in table.iter()? {
+            let (key, value) = record?;
+            let key = key.value();
+            let (stamp, len) = record_header(key, value.value())?;
+            visit(key, stamp, len);
+        }
+        Ok(())
+    }
+
+    /// The stamp and content length of the record under `key`, from its header only.
+    pub fn header(&self, key: &str) -> Result<Option<(Stamp, usize)>, StoreError> {
+        if let Some(object) = self.cache().get(key) {
+            return Ok(Some((object.stamp, object.content.len())));
+        }
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(OBJECTS)?;
+        let Some(record) = table.get(key)? else {
+            return Ok(None);
+        };
+        Ok(Some(record_header(key, record.value())?))
     }
 
     /// Objects and content bytes held.
