@@ -1,0 +1,564 @@
+//! Run anti-entropy: every interval (jittered), exchange bucket digests with each connected member, then pull and push the copies that differ.
+//!
+//! # Design
+//!
+//! The comparison is the sans-IO [`crate::proto::entropy`]; this module scans the store, sends,
+//! awaits and counts. A round runs one exchange with each connected member in turn (so at most
+//! one peer's listing is in memory), and starts:
+//!
+//! - every `anti_entropy_interval`, jittered uniformly by ±50% so members do not fall into step
+//!   (`0` disables anti-entropy, the loop never starts);
+//! - 250 ms after a member connects (a restarted or newly reachable replica catches up at once);
+//! - right away after a round that repaired keys and was cut by its bounds, so a replica that
+//!   missed many writes converges at the speed of the transfers, not of the interval.
+//!
+//! Bounds per exchange: one answer of at most [`ExchangeLimits`] (4096 entries, 1 MiB), at most
+//! [`MAX_PULL_BYTES`] of content pulled, [`IN_FLIGHT`] pulls or pushes at once. Memory per
+//! exchange: the summaries (4096 buckets × 28 bytes per peer), one listing and this node's
+//! entries in the listed buckets. Digests come from a scan of the store's record headers
+//! ([`Store::scan_stamps`]); `bench/anti-entropy.sh` reports the scan time beside the
+//! convergence time.
+//!
+//! Pulls are ordinary `FETCH` requests (the answer's clock and version pass the same checks as a
+//! read's, and the content its hash check) and pushes ordinary `STORE` requests (the peer admits
+//! them as any write), so the store's rule decides: a copy replaces another only if it wins.
+//!
+//! Metrics: `meshwire_object_anti_entropy_rounds_total`,
+//! `meshwire_object_anti_entropy_exchanges_total{outcome}` (`in_sync`, `repaired`, `unrepaired`,
+//! `failed`), `meshwire_object_anti_entropy_repaired_keys_total{direction}` (`pulled`,
+//! `pushed`), `meshwire_object_anti_entropy_sent_bytes_total` and `..._received_bytes_total`
+//! (request and answer payloads of digests, listings, pulls and pushes), and
+//! `meshwire_object_anti_entropy_errors_total{reason}` (digest exchanges refused as malformed,
+//! either side).
+//!
+//! [`Store::scan_stamps`]: crate::net::store::Store::scan_stamps
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream::{self, StreamExt};
+use meshwire::protocols::{OBJECT_FETCH as FETCH, OBJECT_STORE as STORE, OBJECT_SYNC as SYNC};
+use meshwire::{HandlerError, PeerChange, PeerId};
+use rand::Rng;
+
+use crate::net::store::StoreError;
+use crate::proto::entropy::{
+    self, bucket_of, buckets_for, in_window, reconcile, select_buckets, BucketEntries,
+    EntropyError, Entry, ExchangeLimits, Summary, MAX_BUCKETS,
+};
+use crate::proto::object::{
+    self, decode_fetched, decode_stored, FetchMode, Fetched, Stamp, Stored,
+};
+
+use super::{lock, DirectionLabel, Inner, ObjectService, OutcomeLabel, ReasonLabel, ReplicaError};
+
+/// Most content bytes one exchange pulls.
+pub const MAX_PULL_BYTES: u64 = 64 * 1024 * 1024;
+/// Pulls or pushes one exchange keeps in flight.
+pub const IN_FLIGHT: usize = 32;
+/// Delay of the round that follows a member's connection.
+const AFTER_CONNECT: Duration = Duration::from_millis(250);
+
+/// What one anti-entropy round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoundReport {
+    /// Members exchanged with.
+    pub exchanges: usize,
+    /// Exchanges that failed (the peer unreachable, refusing, or answering malformed).
+    pub failed: usize,
+    /// Copies pulled from peers and stored here.
+    pub pulled: usize,
+    /// Copies pushed to peers that now hold them.
+    pub pushed: usize,
+    /// Whether an exchange repaired keys and may have left more (its bounds cut it).
+    pub more: bool,
+}
+
+/// Why one exchange failed.
+#[derive(Debug, thiserror::Error)]
+enum ExchangeError {
+    #[error(transparent)]
+    Replica(#[from] ReplicaError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Entropy(#[from] EntropyError),
+    #[error("the store scan task failed: {0}")]
+    Scan(#[from] tokio::task::JoinError),
+}
+
+#[derive(Debug, Default)]
+struct Exchanged {
+    pulled: usize,
+    pushed: usize,
+    listed: bool,
+}
+
+impl ObjectService {
+    /// The limits of one digest exchange on this node: the defaults, within one node message.
+    fn exchange_limits(&self) -> ExchangeLimits {
+        let limits = ExchangeLimits::default();
+        let payload = self.inner.node.config().limits.max_payload_bytes as usize;
+        ExchangeLimits {
+            max_bytes: limits.max_bytes.min(payload),
+            ..limits
+        }
+    }
+
+    /// The placement id of this node's cluster.
+    fn placement(&self) -> [u8; entropy::DIGEST_LEN] {
+        let members: Vec<[u8; 32]> = self.members().iter().map(|p| *p.as_bytes()).collect();
+        entropy::placement_id(&members, self.inner.config.replication)
+    }
+
+    /// Starts the anti-entropy loop (see the module docs); `None` when the interval is zero. The
+    /// loop ends when the service is dropped or the task is aborted.
+    pub fn spawn_anti_entropy(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let interval = self.inner.config.anti_entropy_interval;
+        if interval.is_zero() {
+            return None;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let events = self.inner.node.peer_events();
+        Some(tokio::spawn(anti_entropy_loop(weak, events, interval)))
+    }
+
+    /// Runs one anti-entropy round now: one exchange with each connected member.
+    pub async fn anti_entropy_round(&self) -> RoundReport {
+        self.inner.metrics.entropy_rounds.inc();
+        let me = self.inner.node.peer_id();
+        let connected = self.inner.node.connected_peers();
+        let peers: Vec<PeerId> = self
+            .members()
+            .iter()
+            .copied()
+            .filter(|peer| *peer != me && connected.contains(peer))
+            .collect();
+        let mut report = RoundReport::default();
+        for peer in peers {
+            report.exchanges += 1;
+            let outcome = match self.exchange(peer).await {
+                Ok(done) => {
+                    report.pulled += done.pulled;
+                    report.pushed += done.pushed;
+                    let repaired = done.pulled + done.pushed > 0;
+                    report.more |= repaired;
+                    match (done.listed, repaired) {
+                        (false, _) => "in_sync",
+                        (true, true) => "repaired",
+                        (true, false) => "unrepaired",
+                    }
+                }
+                Err(error) => {
+                    report.failed += 1;
+                    tracing::debug!(peer = %peer.short(), %error, "anti-entropy exchange failed");
+                    "failed"
+                }
+            };
+            self.inner
+                .metrics
+                .entropy_exchanges
+                .get_or_create(&OutcomeLabel { outcome })
+                .inc();
+        }
+        report
+    }
+
+    /// The summary of the range this node shares with `peer`, in `buckets` buckets (`None`:
+    /// as many as the range's size calls for, or what the last exchange with the peer needed).
+    async fn summary_with(
+        &self,
+        peer: PeerId,
+        buckets: Option<usize>,
+    ) -> Result<Summary, ExchangeError> {
+        let service = self.clone();
+        let remembered = lock(&self.inner.entropy_buckets)
+            .get(&peer)
+            .copied()
+            .unwrap_or(1);
+        tokio::task::spawn_blocking(move || {
+            let filter = service.shared_filter(peer);
+            let mut summary = Summary::new(MAX_BUCKETS)?;
+            service.inner.store.scan_stamps(|key, stamp, _| {
+                if filter(key) {
+                    summary.add(key, &stamp);
+                }
+            })?;
+            let buckets = buckets.unwrap_or_else(|| buckets_for(summary.total()).max(remembered));
+            Ok(summary.fold(buckets)?)
+        })
+        .await?
+    }
+
+    /// Whether a key is in the range this node shares with `peer` (both among its replicas).
+    fn shared_filter(&self, peer: PeerId) -> impl Fn(&str) -> bool {
+        let members: Vec<[u8; 32]> = self.members().iter().map(|p| *p.as_bytes()).collect();
+        let replication = self.inner.config.replication;
+        let (me, peer) = (*self.inner.node.peer_id().as_bytes(), *peer.as_bytes());
+        move |key| entropy::shared(key, &members, replication, &me, &peer)
+    }
+
+    /// This node's entries in `buckets` (of `count`) of the range shared with `peer`, a window
+    /// of at most `window` entries of each from `offset`.
+    async fn entries_with(
+        &self,
+        peer: PeerId,
+        count: usize,
+        buckets: Vec<usize>,
+        sizes: Vec<usize>,
+        offset: usize,
+        window: usize,
+    ) -> Result<Vec<BucketEntries>, ExchangeError> {
+        let service = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let filter = service.shared_filter(peer);
+            let slot: HashMap<usize, usize> =
+                buckets.iter().enumerate().map(|(i, b)| (*b, i)).collect();
+            let mut seen = vec![0usize; buckets.len()];
+            let mut out: Vec<BucketEntries> = buckets
+                .iter()
+                .zip(&sizes)
+                .map(|(bucket, size)| BucketEntries {
+                    bucket: *bucket,
+                    complete: *size <= window,
+                    entries: Vec::new(),
+                })
+                .collect();
+            service.inner.store.scan_stamps(|key, stamp, len| {
+                let Some(&i) = slot.get(&bucket_of(key, count)) else {
+                    return;
+                };
+                if !filter(key) {
+                    return;
+                }
+                let index = seen[i];
+                seen[i] += 1;
+                if in_window(index, sizes[i], offset, window) && out[i].entries.len() < window {
+                    out[i].entries.push(Entry {
+                        key: key.to_string(),
+                        stamp,
+                        len: u32::try_from(len).unwrap_or(u32::MAX),
+                    });
+                }
+            })?;
+            Ok(out)
+        })
+        .await?
+    }
+
+    /// One exchange with `peer`: send digests, read the listing, pull and push what differs.
+    async fn exchange(&self, peer: PeerId) -> Result<Exchanged, ExchangeError> {
+        let limits = self.exchange_limits();
+        let summary = self.summary_with(peer, None).await?;
+        let buckets = summary.buckets();
+        let clock = self.tick().map_err(ReplicaError::Clock)?;
+        let request = Bytes::from(entropy::encode_digests(clock, &self.placement(), &summary));
+        self.count_sent(request.len());
+        let reply = self
+            .inner
+            .node
+            .request(peer, SYNC, request, self.inner.config.deadline)
+            .await
+            .map_err(ReplicaError::from)?;
+        self.count_received(reply.len());
+        let answer = entropy::decode_entries(&reply, buckets, limits).inspect_err(|error| {
+            self.count_entropy_error(peer, error);
+        })?;
+        let listed = match answer.answer {
+            Ok(listed) => listed,
+            Err(reason) => {
+                self.count_refused_answer(reason);
+                return Err(ReplicaError::Refused(reason).into());
+            }
+        };
+        self.accept_answer(peer, answer.clock, None)?;
+        if listed.iter().any(|bucket| !bucket.complete) {
+            // A bucket over the window: split the range finer next time.
+            lock(&self.inner.entropy_buckets).insert(peer, (buckets * 2).min(MAX_BUCKETS));
+        }
+        if listed.is_empty() {
+            return Ok(Exchanged::default());
+        }
+        let mine = self.own_entries(peer, buckets, &listed).await?;
+        let repairs = reconcile(&listed, &mine);
+        let pulled = self.pull(peer, repairs.pull).await;
+        let pushed = self.push(peer, repairs.push).await;
+        Ok(Exchanged {
+            pulled,
+            pushed,
+            listed: true,
+        })
+    }
+
+    /// This node's entries in the listed buckets: all of a complete bucket's, and the listed
+    /// keys of one cut short.
+    async fn own_entries(
+        &self,
+        peer: PeerId,
+        buckets: usize,
+        listed: &[BucketEntries],
+    ) -> Result<BTreeMap<usize, Vec<(String, Stamp)>>, ExchangeError> {
+        let complete: Vec<usize> = listed
+            .iter()
+            .filter(|bucket| bucket.complete)
+            .map(|bucket| bucket.bucket)
+            .collect();
+        let sizes = vec![0; complete.len()];
+        let scanned = self
+            .entries_with(peer, buckets, complete, sizes, 0, usize::MAX)
+            .await?;
+        let mut mine: BTreeMap<usize, Vec<(String, Stamp)>> = scanned
+            .into_iter()
+            .map(|bucket| {
+                let entries = bucket
+                    .entries
+                    .into_iter()
+                    .map(|e| (e.key, e.stamp))
+                    .collect();
+                (bucket.bucket, entries)
+            })
+            .collect();
+        for bucket in listed.iter().filter(|bucket| !bucket.complete) {
+            let own = mine.entry(bucket.bucket).or_default();
+            for entry in &bucket.entries {
+                if let Some((stamp, _)) = self.inner.store.header(&entry.key)? {
+                    own.push((entry.key.clone(), stamp));
+                }
+            }
+        }
+        Ok(mine)
+    }
+
+    /// Pulls the listed copies from `peer` (within [`MAX_PULL_BYTES`]); returns how many this
+    /// node now holds.
+    async fn pull(&self, peer: PeerId, entries: Vec<Entry>) -> usize {
+        let mut budget = MAX_PULL_BYTES;
+        let chosen: Vec<Entry> = entries
+            .into_iter()
+            .take_while(|entry| {
+                let fits = budget >= u64::from(entry.len);
+                budget = budget.saturating_sub(u64::from(entry.len));
+                fits
+            })
+            .collect();
+        let pulled = stream::iter(chosen)
+            .map(|entry| async move {
+                let result = self.pull_one(peer, &entry.key).await;
+                if let Err(error) = &result {
+                    tracing::debug!(peer = %peer.short(), key = %entry.key, %error, "anti-entropy pull failed");
+                }
+                let held = result.unwrap_or(false);
+                if held {
+                    self.count_repaired("pulled");
+                }
+                held
+            })
+            .buffer_unordered(IN_FLIGHT)
+            .filter(|held| std::future::ready(*held))
+            .count()
+            .await;
+        pulled
+    }
+
+    /// Fetches `key` from `peer` and stores it if it wins; returns whether the fetched copy is
+    /// now held here.
+    async fn pull_one(&self, peer: PeerId, key: &str) -> Result<bool, ReplicaError> {
+        let clock = self.tick()?;
+        let request = Bytes::from(object::encode_fetch(clock, FetchMode::Full, key));
+        self.count_sent(request.len());
+        let reply = self
+            .inner
+            .node
+            .request(peer, FETCH, request, self.inner.config.deadline)
+            .await?;
+        self.count_received(reply.len());
+        let answer = decode_fetched(FetchMode::Full, &reply, self.inner.config.max_object_bytes)?;
+        let fetched = answer.answer.map_err(|reason| {
+            self.count_refused_answer(reason);
+            ReplicaError::Refused(reason)
+        })?;
+        let Fetched::Present {
+            stamp,
+            content: Some(range),
+        } = fetched
+        else {
+            return Ok(false);
+        };
+        self.accept_answer(peer, answer.clock, Some(stamp.version))?;
+        let held = self.inner.store.put(key, stamp, reply.slice(range))?;
+        Ok(held == stamp)
+    }
+
+    /// Pushes this node's copies of `keys` to `peer`; returns how many it acknowledged.
+    async fn push(&self, peer: PeerId, keys: Vec<(String, Stamp)>) -> usize {
+        let pushed = stream::iter(keys)
+            .map(|(key, _)| async move {
+                let result = self.push_one(peer, &key).await;
+                if let Err(error) = &result {
+                    tracing::debug!(peer = %peer.short(), %key, %error, "anti-entropy push failed");
+                }
+                let held = result.unwrap_or(false);
+                if held {
+                    self.count_repaired("pushed");
+                }
+                held
+            })
+            .buffer_unordered(IN_FLIGHT)
+            .filter(|held| std::future::ready(*held))
+            .count()
+            .await;
+        pushed
+    }
+
+    /// Sends `peer` this node's current copy of `key`; `Ok(true)` when it acknowledged holding it.
+    async fn push_one(&self, peer: PeerId, key: &str) -> Result<bool, ReplicaError> {
+        let Some(object) = self.inner.store.get(key)? else {
+            return Ok(false);
+        };
+        let clock = self.tick()?;
+        let mut message = object::encode_store_header(clock, key, &object.stamp);
+        message.extend_from_slice(&object.content);
+        self.count_sent(message.len());
+        let reply = self
+            .inner
+            .node
+            .request(
+                peer,
+                STORE,
+                Bytes::from(message),
+                self.inner.config.deadline,
+            )
+            .await?;
+        self.count_received(reply.len());
+        let answer = decode_stored(&reply)?;
+        self.accept_answer(peer, answer.clock, None)?;
+        match answer.answer {
+            Ok(Stored::Holds) => Ok(true),
+            Ok(Stored::Superseded(held)) => Err(ReplicaError::Superseded { held }),
+            Err(reason) => {
+                self.count_refused_answer(reason);
+                Err(ReplicaError::Refused(reason))
+            }
+        }
+    }
+
+    /// Answers `peer`'s digests with the entries of the buckets that differ, or refuses them. A
+    /// malformed exchange or one from another placement is an error: counted, and the request's
+    /// stream ends with it; the connection stays.
+    pub async fn serve_sync(&self, peer: PeerId, body: Bytes) -> Result<Bytes, HandlerError> {
+        self.count_received(body.len());
+        let request = match entropy::decode_digests(&body) {
+            Ok(request) => request,
+            Err(error) => return Err(self.entropy_error(peer, error)),
+        };
+        if let Err(reason) = self.admit(peer, request.clock, None) {
+            self.count_refused_request(peer, "(anti-entropy)", reason);
+            let clock = self.tick().map_err(|e| HandlerError::Failed(Box::new(e)))?;
+            return Ok(Bytes::from(entropy::encode_entries_refusal(clock, reason)));
+        }
+        if request.placement != self.placement() {
+            return Err(self.entropy_error(peer, EntropyError::PlacementMismatch));
+        }
+        let buckets = request.digests.len();
+        let limits = self.exchange_limits();
+        let failed = |error: ExchangeError| HandlerError::Failed(Box::new(error));
+        let summary = self
+            .summary_with(peer, Some(buckets))
+            .await
+            .map_err(failed)?;
+        let start = lock(&self.inner.rng).random_range(0..buckets);
+        let (chosen, _) = select_buckets(&summary, &request.digests, start, limits)
+            .map_err(|error| self.entropy_error(peer, error))?;
+        let sizes = chosen.iter().map(|b| summary.count(*b)).collect();
+        let offset = lock(&self.inner.rng).random_range(0..usize::from(u16::MAX));
+        let listing = self
+            .entries_with(peer, buckets, chosen, sizes, offset, limits.window())
+            .await
+            .map_err(failed)?;
+        let clock = self.tick().map_err(|e| HandlerError::Failed(Box::new(e)))?;
+        let answer = Bytes::from(entropy::encode_entries(clock, &listing, limits));
+        self.count_sent(answer.len());
+        Ok(answer)
+    }
+
+    fn entropy_error(&self, peer: PeerId, error: EntropyError) -> HandlerError {
+        self.count_entropy_error(peer, &error);
+        HandlerError::Malformed(Box::new(error))
+    }
+
+    fn count_entropy_error(&self, peer: PeerId, error: &EntropyError) {
+        let reason = error.reason();
+        self.inner
+            .metrics
+            .entropy_errors
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+        tracing::warn!(%peer, reason, %error, "anti-entropy exchange refused");
+    }
+
+    fn count_repaired(&self, direction: &'static str) {
+        self.inner
+            .metrics
+            .entropy_repaired
+            .get_or_create(&DirectionLabel { direction })
+            .inc();
+    }
+
+    fn count_sent(&self, bytes: usize) {
+        self.inner.metrics.entropy_sent_bytes.inc_by(bytes as u64);
+    }
+
+    fn count_received(&self, bytes: usize) {
+        self.inner
+            .metrics
+            .entropy_received_bytes
+            .inc_by(bytes as u64);
+    }
+}
+
+/// The anti-entropy loop of the service behind `weak` (see the module docs).
+async fn anti_entropy_loop(
+    weak: Weak<Inner>,
+    mut events: meshwire::PeerEvents,
+    interval: Duration,
+) {
+    let jittered = |inner: &Inner| {
+        let factor = lock(&inner.rng).random_range(0.5..1.5);
+        interval.mul_f64(factor)
+    };
+    let Some(inner) = weak.upgrade() else { return };
+    let mut next = tokio::time::Instant::now() + jittered(&inner);
+    drop(inner);
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            change = events.recv() => {
+                match change {
+                    None => return,
+                    Some(PeerChange::Up(peer)) => {
+                        let Some(inner) = weak.upgrade() else { return };
+                        let service = ObjectService { inner };
+                        if service.is_member(peer) {
+                            next = next.min(tokio::time::Instant::now() + AFTER_CONNECT);
+                        }
+                    }
+                    Some(PeerChange::Down(_)) => {}
+                }
+                continue;
+            }
+        }
+        let Some(inner) = weak.upgrade() else { return };
+        let service = ObjectService { inner };
+        let report = service.anti_entropy_round().await;
+        if report.pulled + report.pushed > 0 {
+            tracing::debug!(?report, "anti-entropy round");
+        }
+        next = if report.more {
+            tokio::time::Instant::now()
+        } else {
+            tokio::time::Instant::now() + jittered(&service.inner)
+        };
+    }
+}
