@@ -451,12 +451,12 @@ impl ObjectService {
             );
             registry.register(
                 "object_anti_entropy_sent_bytes",
-                "Payload bytes anti-entropy sent (digests, listings, pulls and pushes)",
+                "Payload bytes of the anti-entropy exchanges this node started, sent (digests, pull and push requests)",
                 metrics.entropy_sent_bytes.clone(),
             );
             registry.register(
                 "object_anti_entropy_received_bytes",
-                "Payload bytes anti-entropy received (digests, listings, pulls and pushes)",
+                "Payload bytes of the anti-entropy exchanges this node started, received (listings, pulled copies, answers)",
                 metrics.entropy_received_bytes.clone(),
             );
             registry.register(

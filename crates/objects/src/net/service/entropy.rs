@@ -27,7 +27,8 @@
 //! `meshwire_object_anti_entropy_exchanges_total{outcome}` (`in_sync`, `repaired`, `unrepaired`,
 //! `failed`), `meshwire_object_anti_entropy_repaired_keys_total{direction}` (`pulled`,
 //! `pushed`), `meshwire_object_anti_entropy_sent_bytes_total` and `..._received_bytes_total`
-//! (request and answer payloads of digests, listings, pulls and pushes), and
+//! (payloads of the exchanges this node started: the digests, pull and push requests it sent,
+//! the listings and answers it received; summed over the nodes they count every byte once), and
 //! `meshwire_object_anti_entropy_errors_total{reason}` (digest exchanges refused as malformed,
 //! either side).
 //!
@@ -448,7 +449,6 @@ impl ObjectService {
     /// malformed exchange or one from another placement is an error: counted, and the request's
     /// stream ends with it; the connection stays.
     pub async fn serve_sync(&self, peer: PeerId, body: Bytes) -> Result<Bytes, HandlerError> {
-        self.count_received(body.len());
         let request = match entropy::decode_digests(&body) {
             Ok(request) => request,
             Err(error) => return Err(self.entropy_error(peer, error)),
@@ -478,9 +478,9 @@ impl ObjectService {
             .await
             .map_err(failed)?;
         let clock = self.tick().map_err(|e| HandlerError::Failed(Box::new(e)))?;
-        let answer = Bytes::from(entropy::encode_entries(clock, &listing, limits));
-        self.count_sent(answer.len());
-        Ok(answer)
+        Ok(Bytes::from(entropy::encode_entries(
+            clock, &listing, limits,
+        )))
     }
 
     fn entropy_error(&self, peer: PeerId, error: EntropyError) -> HandlerError {
