@@ -224,7 +224,11 @@ async fn malformed_digest_exchanges_are_refused_counted_and_cost_only_their_stre
         .map(|p| *p.as_bytes())
         .collect();
     let placement = entropy::placement_id(&members, 3);
-    let good = entropy::encode_digests(a.service().clock(), &placement, &Summary::new(8).unwrap());
+    let good = entropy::encode_digests(
+        a.service().clock(),
+        &placement,
+        Summary::new(8).unwrap().digests(),
+    );
     // A well-formed exchange works: B holds nothing either, so nothing is listed.
     let reply = sync(&a, &b, good.clone()).await.unwrap();
     let listed = entropy::decode_entries(&reply, 8, ExchangeLimits::default()).unwrap();
@@ -241,7 +245,7 @@ async fn malformed_digest_exchanges_are_refused_counted_and_cost_only_their_stre
     let other_placement = entropy::encode_digests(
         a.service().clock(),
         &entropy::placement_id(&members, 2),
-        &Summary::new(8).unwrap(),
+        Summary::new(8).unwrap().digests(),
     );
     let cases = [
         (three_buckets, "bucket_count"),

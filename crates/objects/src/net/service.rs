@@ -56,6 +56,7 @@ use meshwire::{HandlerError, Node, PeerId, SubscribeError};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
@@ -286,7 +287,7 @@ struct DirectionLabel {
     direction: &'static str,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ObjectMetrics {
     reads: Family<OutcomeLabel, Counter>,
     writes: Family<OutcomeLabel, Counter>,
@@ -300,6 +301,28 @@ struct ObjectMetrics {
     entropy_sent_bytes: Counter,
     entropy_received_bytes: Counter,
     entropy_errors: Family<ReasonLabel, Counter>,
+    entropy_scan_seconds: Histogram,
+}
+
+impl Default for ObjectMetrics {
+    fn default() -> Self {
+        Self {
+            reads: Family::default(),
+            writes: Family::default(),
+            repairs: Counter::default(),
+            requests_per_read: Counter::default(),
+            refused_requests: Family::default(),
+            refused_answers: Family::default(),
+            entropy_rounds: Counter::default(),
+            entropy_exchanges: Family::default(),
+            entropy_repaired: Family::default(),
+            entropy_sent_bytes: Counter::default(),
+            entropy_received_bytes: Counter::default(),
+            entropy_errors: Family::default(),
+            // 100 µs to about 3 s.
+            entropy_scan_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+        }
+    }
 }
 
 /// How a service is started besides its [`ObjectConfig`].
@@ -463,6 +486,11 @@ impl ObjectService {
                 "object_anti_entropy_errors",
                 "Digest exchanges refused as malformed or from another placement, by reason",
                 metrics.entropy_errors.clone(),
+            );
+            registry.register(
+                "object_anti_entropy_scan_seconds",
+                "Time of one anti-entropy scan of the store's record headers",
+                metrics.entropy_scan_seconds.clone(),
             );
         });
         // The handlers live in the node; a weak reference keeps them from keeping the node alive.

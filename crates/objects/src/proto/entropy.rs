@@ -304,13 +304,14 @@ pub struct DigestRequest {
     pub digests: Vec<Digest>,
 }
 
-/// Encodes the digests of `summary`, sent at hybrid time `clock` by a node of `placement`.
-pub fn encode_digests(clock: u64, placement: &[u8; DIGEST_LEN], summary: &Summary) -> Vec<u8> {
-    let mut out = Vec::with_capacity(DIGESTS_HEADER + DIGEST_LEN * summary.buckets());
+/// Encodes bucket `digests` (a [`Summary::digests`]), sent at hybrid time `clock` by a node of
+/// `placement`.
+pub fn encode_digests(clock: u64, placement: &[u8; DIGEST_LEN], digests: &[Digest]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(DIGESTS_HEADER + DIGEST_LEN * digests.len());
     out.extend_from_slice(&clock.to_le_bytes());
     out.extend_from_slice(placement);
-    out.extend_from_slice(&(summary.buckets() as u16).to_le_bytes());
-    for digest in summary.digests() {
+    out.extend_from_slice(&(digests.len() as u16).to_le_bytes());
+    for digest in digests {
         out.extend_from_slice(&digest.to_le_bytes());
     }
     out
@@ -709,7 +710,7 @@ mod tests {
     ) -> bool {
         let placement = placement_id(&[[1; 32], [2; 32]], 2);
         let count = (*buckets).max(buckets_for(a.len()));
-        let request = encode_digests(7, &placement, &summary(a, count));
+        let request = encode_digests(7, &placement, summary(a, count).digests());
         let request = decode_digests(&request).unwrap();
         assert_eq!(request.placement, placement);
         let theirs = summary(b, count);
@@ -773,7 +774,7 @@ mod tests {
     #[test]
     fn bad_digest_messages_are_typed_errors() {
         let placement = [9u8; DIGEST_LEN];
-        let good = encode_digests(1, &placement, &Summary::new(8).unwrap());
+        let good = encode_digests(1, &placement, Summary::new(8).unwrap().digests());
         assert_eq!(decode_digests(&good).unwrap().digests.len(), 8);
         for (buckets, _) in [(0u16, ()), (3, ()), (8192, ()), (u16::MAX, ())] {
             let mut bad = good.clone();
