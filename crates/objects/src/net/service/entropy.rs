@@ -13,7 +13,13 @@
 //!   missed many writes converges at the speed of the transfers, not of the interval.
 //!
 //! Bounds per exchange: one answer of at most [`ExchangeLimits`] (4096 entries, 1 MiB), at most
-//! [`MAX_PULL_BYTES`] of content pulled, [`IN_FLIGHT`] pulls or pushes at once. Memory per
+//! [`MAX_TRANSFER_BYTES`] of content pulled and as much pushed (and no more keys pushed than an
+//! answer lists), [`IN_FLIGHT`] pulls or pushes at once.
+//!
+//! Who pushes: a stale replica pulls from every member it exchanges with, and of the other
+//! replicas of a key only the heaviest one (rendezvous order, the peer left out) pushes it, so a
+//! restarted replica of R = 3 receives each missing copy about twice (its pull and one push),
+//! not three times. A replica whose pushers are down still converges by its own pulls. Memory per
 //! exchange: the summaries (4096 buckets × 28 bytes per peer), one listing and this node's
 //! entries in the listed buckets. Digests come from a scan of the store's record headers
 //! ([`Store::scan_stamps`]), one per exchange on each side, each key's replicas computed afresh
@@ -56,8 +62,8 @@ use crate::proto::object::{
 
 use super::{lock, DirectionLabel, Inner, ObjectService, OutcomeLabel, ReasonLabel, ReplicaError};
 
-/// Most content bytes one exchange pulls.
-pub const MAX_PULL_BYTES: u64 = 64 * 1024 * 1024;
+/// Most content bytes one exchange pulls, and most it pushes.
+pub const MAX_TRANSFER_BYTES: u64 = 64 * 1024 * 1024;
 /// Pulls or pushes one exchange keeps in flight.
 pub const IN_FLIGHT: usize = 32;
 /// Delay of the round that follows a member's connection.
@@ -297,7 +303,19 @@ impl ObjectService {
         let mine = self.own_entries(peer, buckets, &listed).await?;
         let repairs = reconcile(&listed, &mine);
         let pulled = self.pull(peer, repairs.pull).await;
-        let pushed = self.push(peer, repairs.push).await;
+        let me = self.inner.node.peer_id();
+        let pushes: Vec<(String, Stamp)> = repairs
+            .push
+            .into_iter()
+            .filter(|(key, _)| {
+                self.replicas(key)
+                    .into_iter()
+                    .find(|replica| *replica != peer)
+                    == Some(me)
+            })
+            .take(limits.max_entries)
+            .collect();
+        let pushed = self.push(peer, pushes).await;
         Ok(Exchanged {
             pulled,
             pushed,
@@ -344,10 +362,10 @@ impl ObjectService {
         Ok(mine)
     }
 
-    /// Pulls the listed copies from `peer` (within [`MAX_PULL_BYTES`]); returns how many this
+    /// Pulls the listed copies from `peer` (within [`MAX_TRANSFER_BYTES`]); returns how many this
     /// node now holds.
     async fn pull(&self, peer: PeerId, entries: Vec<Entry>) -> usize {
-        let mut budget = MAX_PULL_BYTES;
+        let mut budget = MAX_TRANSFER_BYTES;
         let chosen: Vec<Entry> = entries
             .into_iter()
             .take_while(|entry| {
@@ -404,9 +422,26 @@ impl ObjectService {
         Ok(held == stamp)
     }
 
-    /// Pushes this node's copies of `keys` to `peer`; returns how many it acknowledged.
+    /// Pushes this node's copies of `keys` to `peer` (within [`MAX_TRANSFER_BYTES`]); returns how
+    /// many it acknowledged.
     async fn push(&self, peer: PeerId, keys: Vec<(String, Stamp)>) -> usize {
-        let pushed = stream::iter(keys)
+        let mut budget = MAX_TRANSFER_BYTES;
+        let chosen: Vec<(String, Stamp)> = keys
+            .into_iter()
+            .take_while(|(key, _)| {
+                let len = self
+                    .inner
+                    .store
+                    .header(key)
+                    .ok()
+                    .flatten()
+                    .map_or(0, |(_, len)| len as u64);
+                let fits = budget >= len;
+                budget = budget.saturating_sub(len);
+                fits
+            })
+            .collect();
+        let pushed = stream::iter(chosen)
             .map(|(key, _)| async move {
                 let result = self.push_one(peer, &key).await;
                 if let Err(error) = &result {
