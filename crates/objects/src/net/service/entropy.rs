@@ -14,17 +14,19 @@
 //!
 //! Bounds per exchange: one answer of at most [`ExchangeLimits`] (4096 entries, 1 MiB), at most
 //! [`MAX_TRANSFER_BYTES`] of content pulled and as much pushed (and no more keys pushed than an
-//! answer lists), [`IN_FLIGHT`] pulls or pushes at once.
+//! answer lists), [`IN_FLIGHT`] pulls or pushes at once. Memory per exchange: one summary (4096
+//! buckets × 28 bytes), one listing, and this node's entries in the listed buckets, at most
+//! twice an answer's entries (the buckets beyond wait for a later exchange).
 //!
 //! Who pushes: a stale replica pulls from every member it exchanges with, and of the other
 //! replicas of a key only the heaviest one (rendezvous order, the peer left out) pushes it, so a
 //! restarted replica of R = 3 receives each missing copy about twice (its pull and one push),
-//! not three times. A replica whose pushers are down still converges by its own pulls. Memory per
-//! exchange: the summaries (4096 buckets × 28 bytes per peer), one listing and this node's
-//! entries in the listed buckets. Digests come from a scan of the store's record headers
-//! ([`Store::scan_stamps`]), one per exchange on each side, each key's replicas computed afresh
-//! (so a member-list change applies at once). `bench/anti-entropy.sh` reports the scan time
-//! beside the convergence time; at the measured cost no digest is persisted.
+//! not three times. A replica whose pushers are down still converges by its own pulls.
+//!
+//! Digests come from a scan of the store's record headers ([`Store::scan_stamps`]), one per
+//! exchange on each side, each key's replicas computed afresh (so a member-list change applies
+//! at once); nothing is persisted for them. `bench/anti-entropy.sh` reports the scan time
+//! (`meshwire_object_anti_entropy_scan_seconds`) beside the convergence time.
 //!
 //! Pulls are ordinary `FETCH` requests (the answer's clock and version pass the same checks as a
 //! read's, and the content its hash check) and pushes ordinary `STORE` requests (the peer admits
@@ -66,6 +68,8 @@ use super::{lock, DirectionLabel, Inner, ObjectService, OutcomeLabel, ReasonLabe
 pub const MAX_TRANSFER_BYTES: u64 = 64 * 1024 * 1024;
 /// Pulls or pushes one exchange keeps in flight.
 pub const IN_FLIGHT: usize = 32;
+/// This node's entries read per exchange, in answers' worth of entries.
+const OWN_ENTRIES_PER_ANSWER: usize = 2;
 /// Delay of the round that follows a member's connection.
 const AFTER_CONNECT: Duration = Duration::from_millis(250);
 
@@ -300,6 +304,21 @@ impl ObjectService {
         if listed.is_empty() {
             return Ok(Exchanged::default());
         }
+        // This node's side of the listed buckets is read into memory: keep it within a few
+        // answers' worth (a peer that holds little lists many buckets); the rest waits.
+        let cap = OWN_ENTRIES_PER_ANSWER * limits.max_entries;
+        let mut kept = 0usize;
+        let listed: Vec<BucketEntries> = listed
+            .into_iter()
+            .filter(|bucket| {
+                let own = summary.count(bucket.bucket);
+                let keep = kept == 0 || kept + own <= cap;
+                if keep {
+                    kept += own.max(1);
+                }
+                keep
+            })
+            .collect();
         let mine = self.own_entries(peer, buckets, &listed).await?;
         let repairs = reconcile(&listed, &mine);
         let pulled = self.pull(peer, repairs.pull).await;
