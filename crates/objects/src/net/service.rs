@@ -70,7 +70,7 @@ mod serve;
 
 pub use drive::ReplicaError;
 use drive::{drive, now, Leftover};
-pub use entropy::{RoundReport, IN_FLIGHT, MAX_TRANSFER_BYTES};
+pub use entropy::{RoundReport, IN_FLIGHT, MAX_TRANSFER_BYTES, PULL_BATCH};
 
 /// Settings of the object service.
 #[derive(Debug, Clone, Copy, PartialEq)]

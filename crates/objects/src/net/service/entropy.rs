@@ -14,7 +14,8 @@
 //!
 //! Bounds per exchange: one answer of at most [`ExchangeLimits`] (4096 entries, 1 MiB), at most
 //! [`MAX_TRANSFER_BYTES`] of content pulled and as much pushed (and no more keys pushed than an
-//! answer lists), [`IN_FLIGHT`] pulls or pushes at once. Memory per exchange: one summary (4096
+//! answer lists), [`IN_FLIGHT`] pulls or pushes at once, pulled copies stored [`PULL_BATCH`] to a
+//! transaction. Memory per exchange: one summary (4096
 //! buckets × 28 bytes), one listing, and this node's entries in the listed buckets, at most
 //! twice an answer's entries (the buckets beyond wait for a later exchange).
 //!
@@ -68,6 +69,9 @@ use super::{lock, DirectionLabel, Inner, ObjectService, OutcomeLabel, ReasonLabe
 pub const MAX_TRANSFER_BYTES: u64 = 64 * 1024 * 1024;
 /// Pulls or pushes one exchange keeps in flight.
 pub const IN_FLIGHT: usize = 32;
+/// Pulled copies stored per transaction (each commit is durable: one per copy cost a disk sync
+/// each, and bounded a restarted replica's catch-up at the disk's sync rate).
+pub const PULL_BATCH: usize = 128;
 /// This node's entries read per exchange, in answers' worth of entries.
 const OWN_ENTRIES_PER_ANSWER: usize = 2;
 /// Delay of the round that follows a member's connection.
@@ -381,8 +385,8 @@ impl ObjectService {
         Ok(mine)
     }
 
-    /// Pulls the listed copies from `peer` (within [`MAX_TRANSFER_BYTES`]); returns how many this
-    /// node now holds.
+    /// Pulls the listed copies from `peer` (within [`MAX_TRANSFER_BYTES`]) and stores them in
+    /// batches of [`PULL_BATCH`], one transaction each; returns how many this node now holds.
     async fn pull(&self, peer: PeerId, entries: Vec<Entry>) -> usize {
         let mut budget = MAX_TRANSFER_BYTES;
         let chosen: Vec<Entry> = entries
@@ -393,28 +397,64 @@ impl ObjectService {
                 fits
             })
             .collect();
-        let pulled = stream::iter(chosen)
+        let mut fetched = stream::iter(chosen)
             .map(|entry| async move {
-                let result = self.pull_one(peer, &entry.key).await;
-                if let Err(error) = &result {
-                    tracing::debug!(peer = %peer.short(), key = %entry.key, %error, "anti-entropy pull failed");
-                }
-                let held = result.unwrap_or(false);
-                if held {
-                    self.count_repaired("pulled");
-                }
-                held
+                let result = self.fetch_copy(peer, &entry.key).await;
+                (entry.key, result)
             })
-            .buffer_unordered(IN_FLIGHT)
-            .filter(|held| std::future::ready(*held))
-            .count()
-            .await;
-        pulled
+            .buffer_unordered(IN_FLIGHT);
+        let mut batch = Vec::new();
+        let mut pulled = 0;
+        while let Some((key, result)) = fetched.next().await {
+            match result {
+                Ok(Some((stamp, content))) => batch.push((key, stamp, content)),
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::debug!(peer = %peer.short(), %key, %error, "anti-entropy pull failed");
+                }
+            }
+            if batch.len() == PULL_BATCH {
+                pulled += self.store_pulled(std::mem::take(&mut batch));
+            }
+        }
+        pulled + self.store_pulled(batch)
     }
 
-    /// Fetches `key` from `peer` and stores it if it wins; returns whether the fetched copy is
-    /// now held here.
-    async fn pull_one(&self, peer: PeerId, key: &str) -> Result<bool, ReplicaError> {
+    /// Stores pulled copies in one transaction; returns how many the store now holds as pulled.
+    fn store_pulled(&self, batch: Vec<(String, Stamp, Bytes)>) -> usize {
+        if batch.is_empty() {
+            return 0;
+        }
+        match self.inner.store.put_batch(&batch) {
+            Ok(held) => {
+                let stored = batch
+                    .iter()
+                    .zip(&held)
+                    .filter(|((_, stamp, _), now)| stamp == *now)
+                    .count();
+                self.inner
+                    .metrics
+                    .entropy_repaired
+                    .get_or_create(&DirectionLabel {
+                        direction: "pulled",
+                    })
+                    .inc_by(stored as u64);
+                stored
+            }
+            Err(error) => {
+                tracing::warn!(%error, copies = batch.len(), "anti-entropy could not store pulled copies");
+                0
+            }
+        }
+    }
+
+    /// Fetches `key`'s copy from `peer`, its clock, version and hash checked (`None`: the peer
+    /// no longer holds it).
+    async fn fetch_copy(
+        &self,
+        peer: PeerId,
+        key: &str,
+    ) -> Result<Option<(Stamp, Bytes)>, ReplicaError> {
         let clock = self.tick()?;
         let request = Bytes::from(object::encode_fetch(clock, FetchMode::Full, key));
         self.count_sent(request.len());
@@ -434,11 +474,10 @@ impl ObjectService {
             content: Some(range),
         } = fetched
         else {
-            return Ok(false);
+            return Ok(None);
         };
         self.accept_answer(peer, answer.clock, Some(stamp.version))?;
-        let held = self.inner.store.put(key, stamp, reply.slice(range))?;
-        Ok(held == stamp)
+        Ok(Some((stamp, reply.slice(range))))
     }
 
     /// Pushes this node's copies of `keys` to `peer` (within [`MAX_TRANSFER_BYTES`]); returns how
