@@ -124,16 +124,20 @@ pulled=$(metric 2 'meshwire_object_anti_entropy_repaired_keys_total{direction="p
 pushed=$(( $(metric 0 'meshwire_object_anti_entropy_repaired_keys_total{direction="pushed"}') + $(metric 1 'meshwire_object_anti_entropy_repaired_keys_total{direction="pushed"}') ))
 repairs=$(metric 2 meshwire_object_read_repairs_total)
 floor=$(( writes * 4096 ))
+# The digest scans of node 0, which holds every key: their mean time (sum / count) in seconds.
+scan_sum=$(metric 0 meshwire_object_anti_entropy_scan_seconds_sum)
+scan_count=$(metric 0 meshwire_object_anti_entropy_scan_seconds_count)
 # A sample of the converged copies, byte for byte against node 0's.
 for key in key-000000 "key-$(printf %06d $((writes / 2)))" "key-$(printf %06d $((writes - 1)))"; do
   cmp <(curl -fs "http://127.0.0.1:$(web 0)/objects/$key?local=true") \
       <(curl -fs "http://127.0.0.1:$(web 2)/objects/$key?local=true")
 done
 
-python3 - "$t0" "$t_connected" "$t1" "$floor" "$sent" "$received" "$sent2" "$received2" "$wire" "$pulled" "$pushed" "$repairs" "$writes" <<'PY'
+python3 - "$t0" "$t_connected" "$t1" "$scan_sum" "$scan_count" "$floor" "$sent" "$received" "$sent2" "$received2" "$wire" "$pulled" "$pushed" "$repairs" "$writes" <<'PY'
 import sys
 t0, tc, t1 = (float(x) if x else None for x in sys.argv[1:4])
-floor, sent, received, sent2, received2, wire, pulled, pushed, repairs, writes = map(int, sys.argv[4:])
+scan_sum, scan_count = float(sys.argv[4]), int(sys.argv[5])
+floor, sent, received, sent2, received2, wire, pulled, pushed, repairs, writes = map(int, sys.argv[6:])
 moved = sent + sent2 + received + received2
 print(f"anti_entropy::converge/writes={writes}/size=4096")
 print(f"  time from restart to all keys held   {t1 - t0:7.2f} s   (target <= 10 s)")
@@ -142,4 +146,6 @@ print(f"  keys pulled by node 2 {pulled}, pushed to it {pushed}, read repairs {r
 print(f"  anti-entropy payload bytes           {moved:>12,}   floor {floor:,} (content missed), ratio {moved / floor:.3f}")
 print(f"    of which node 2 sent {sent2:,} and received {received2:,}; nodes 0 and 1 sent {sent:,} and received {received:,}")
 print(f"  node frame bytes sent (3 nodes)      {wire:>12,}   ratio {wire / floor:.3f}")
+if scan_count:
+    print(f"  digest scan of node 0's {writes} keys: mean {1000 * scan_sum / scan_count:.1f} ms over {scan_count} scans")
 PY

@@ -84,8 +84,8 @@
 //!   entries and 1 MiB per answer; a larger bucket is listed a window at a time, and the
 //!   initiator doubles its bucket count for that peer); the initiator pulls copies that win over
 //!   its own with ordinary `FETCH` requests and pushes its winning copies with ordinary `STORE`
-//!   requests (at most 64 MiB pulled and 64 MiB pushed, 32 transfers in flight per exchange; of a
-//!   key's other replicas only the heaviest pushes it, the stale one pulls it anyway), so membership, the
+//!   requests (at most 64 MiB pulled and 64 MiB pushed, 32 transfers in flight per exchange; a copy is pushed only to a peer that holds an
+//!   older one, by the key's heaviest other replica; a key a peer lacks, it pulls), so membership, the
 //!   clock checks and the store's rule (a higher version wins; at equal versions, the smaller
 //!   hash) apply as to any write: no acknowledged version is replaced by an older one. A restarted,
 //!   partitioned or newly placed replica converges without any read; after `set_members` the new

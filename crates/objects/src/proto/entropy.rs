@@ -23,7 +23,8 @@
 //!    more keys than the limit is listed cut short and marked incomplete.
 //! 3. The initiator compares each listed bucket with its own ([`reconcile`]): a listed copy that
 //!    wins over its own (or that it lacks) is *pulled*; its own copy that wins over the listed
-//!    one, or that a *complete* listed bucket lacks, is *pushed*. "Wins" is the store's rule
+//!    one, or that a *complete* listed bucket lacks, may be *pushed* (the driver sends only some
+//!    of these: `net/service/entropy.rs`). "Wins" is the store's rule
 //!    ([`wins`]): a higher version, or the same version with the smaller hash. Pulls and pushes go
 //!    through the ordinary `FETCH` and `STORE` requests, so membership, the clock checks and the
 //!    store's rule apply to them as to any write: an acknowledged version is never replaced by an

@@ -19,10 +19,14 @@
 //! buckets × 28 bytes), one listing, and this node's entries in the listed buckets, at most
 //! twice an answer's entries (the buckets beyond wait for a later exchange).
 //!
-//! Who pushes: a stale replica pulls from every member it exchanges with, and of the other
-//! replicas of a key only the heaviest one (rendezvous order, the peer left out) pushes it, so a
-//! restarted replica of R = 3 receives each missing copy about twice (its pull and one push),
-//! not three times. A replica whose pushers are down still converges by its own pulls.
+//! Who moves what: a replica pulls every copy it lacks or holds older from each member it
+//! exchanges with, stored in batches. A copy is pushed only to a peer that listed an older copy
+//! of the key, and only by the key's heaviest other replica (rendezvous order, the peer left
+//! out); a key the peer lacks is left to the peer's own pulls. Pushes are per-key `STORE`s, each
+//! a durable commit on the peer: when restarted replicas were also pushed every key they lacked,
+//! `bench/anti-entropy.sh` took 7.8 s to converge 10,000 missed writes (4,807 pushed, 8,012
+//! pulled, 1.33× the content in bytes) where pulls alone took 2.5 s (1.04×). So a member with
+//! anti-entropy disabled receives newer versions of the keys it holds, not keys it lacks.
 //!
 //! Digests come from a scan of the store's record headers ([`Store::scan_stamps`]), one per
 //! exchange on each side, each key's replicas computed afresh (so a member-list change applies
@@ -327,14 +331,20 @@ impl ObjectService {
         let repairs = reconcile(&listed, &mine);
         let pulled = self.pull(peer, repairs.pull).await;
         let me = self.inner.node.peer_id();
+        let stale: std::collections::HashSet<&str> = listed
+            .iter()
+            .flat_map(|bucket| bucket.entries.iter().map(|entry| entry.key.as_str()))
+            .collect();
         let pushes: Vec<(String, Stamp)> = repairs
             .push
             .into_iter()
             .filter(|(key, _)| {
-                self.replicas(key)
-                    .into_iter()
-                    .find(|replica| *replica != peer)
-                    == Some(me)
+                stale.contains(key.as_str())
+                    && self
+                        .replicas(key)
+                        .into_iter()
+                        .find(|replica| *replica != peer)
+                        == Some(me)
             })
             .take(limits.max_entries)
             .collect();
