@@ -172,7 +172,10 @@
 //! - Lab: `scenarios/zold-fetch.toml` (see `docs/scenarios.md`).
 //! - HTTP: `bench/http.sh` (wrk against a release node; see the script's header for targets).
 //! - Anti-entropy: `bench/anti-entropy.sh` (a replica of a 3-node release cluster misses 10,000
-//!   writes of 4 KiB and is restarted: time and bytes to converge).
+//!   writes of 4 KiB and is restarted: time and bytes to converge). Measured on a shared 2-core
+//!   machine, four runs: 2.53–2.72 s from the restart (target 10 s), 1.036–1.037× the missed
+//!   content in anti-entropy payload bytes, 1.063–1.065× in frame bytes; one digest scan of
+//!   10,000 keys 18–28 ms (mean per run), so digests are not persisted.
 //!
 //! # Layout
 //!
