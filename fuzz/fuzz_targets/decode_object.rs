@@ -9,6 +9,8 @@
 //! * a decoded fetch request re-encodes to exactly its bytes;
 //! * a decoded store response or refusal re-encodes to exactly its bytes;
 //! * a decoded conditional-write request or answer re-encodes to exactly its bytes;
+//! * a decoded anti-entropy digest message or listing re-encodes to exactly its bytes, and a
+//!   listing stays within the limits it was decoded under;
 //! * the hybrid clock never panics or wraps on the clocks and versions a message carries.
 #![no_main]
 
@@ -17,6 +19,7 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use meshwire_objects::proto::cas::{self, decode_cas, decode_cas_answer};
 use meshwire_objects::proto::clock::{HybridClock, MAX_TIMESTAMP};
+use meshwire_objects::proto::entropy::{self, ExchangeLimits};
 use meshwire_objects::proto::object::{
     self, content_hash, decode_fetch, decode_fetched, decode_store, decode_stored, FetchMode,
     Fetched,
@@ -71,6 +74,25 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok((answer_clock, answer)) = decode_cas_answer(message) {
         assert_eq!(cas::encode_cas_answer(answer_clock, answer), message);
+    }
+    if let Ok(request) = entropy::decode_digests(message) {
+        assert_eq!(
+            entropy::encode_digests(request.clock, &request.placement, &request.digests),
+            message
+        );
+    }
+    // `max` doubles as the entry limit and picks the bucket count, so both limits are reachable.
+    let limits = ExchangeLimits { max_entries: max, max_bytes: 4096 };
+    let buckets = 1usize << (max % 13);
+    if let Ok(answer) = entropy::decode_entries(message, buckets, limits) {
+        let again = match answer.answer {
+            Ok(listed) => {
+                assert!(listed.iter().map(|b| b.entries.len()).sum::<usize>() <= max);
+                entropy::encode_entries(answer.clock, &listed, limits)
+            }
+            Err(reason) => entropy::encode_entries_refusal(answer.clock, reason),
+        };
+        assert_eq!(again, message);
     }
     if let Ok(tick) = clock.tick(now_ms) {
         assert!(tick < MAX_TIMESTAMP);

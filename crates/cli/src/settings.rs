@@ -157,6 +157,7 @@ pub struct FileObjects {
     pub max_object_bytes: Option<usize>,
     pub deadline_ms: Option<u64>,
     pub max_clock_skew_ms: Option<u64>,
+    pub anti_entropy_interval_ms: Option<u64>,
     #[serde(default)]
     pub members: Vec<String>,
 }
@@ -378,6 +379,9 @@ fn object_config(file: &FileObjects) -> anyhow::Result<meshwire_objects::net::Ob
     if let Some(ms) = file.max_clock_skew_ms {
         config.max_clock_skew = Duration::from_millis(ms);
     }
+    if let Some(ms) = file.anti_entropy_interval_ms {
+        config.anti_entropy_interval = Duration::from_millis(ms);
+    }
     if config.write_quorum == 0
         || config.write_quorum > config.replication
         || config.read_quorum == 0
@@ -511,7 +515,7 @@ mod tests {
         let (a, b) = (PeerId::from_bytes([5; 32]), PeerId::from_bytes([6; 32]));
         std::fs::write(
             &path,
-            format!("[objects]\nmembers = [\"{a}\"]\nmax_clock_skew_ms = 2500\n"),
+            format!("[objects]\nmembers = [\"{a}\"]\nmax_clock_skew_ms = 2500\nanti_entropy_interval_ms = 0\n"),
         )
         .unwrap();
         let mut flags = args(Some(path.clone()));
@@ -519,6 +523,7 @@ mod tests {
         let settings = Settings::load(&flags).unwrap();
         assert_eq!(settings.members, vec![a, b]);
         assert_eq!(settings.objects.max_clock_skew, Duration::from_millis(2500));
+        assert_eq!(settings.objects.anti_entropy_interval, Duration::ZERO);
         std::fs::write(&path, "[objects]\nmembers = [\"nobody\"]\n").unwrap();
         let error = format!("{:#}", Settings::load(&args(Some(path))).unwrap_err());
         assert!(error.contains("[objects] members"), "{error}");

@@ -35,6 +35,8 @@ pub const OBJECT_FETCH: ProtocolId = ProtocolId(0x6f62_0001);
 pub const OBJECT_STORE: ProtocolId = ProtocolId(0x6f62_0002);
 /// Two-phase conditional writes of an object (`meshwire-objects`), "ob\0\x03".
 pub const OBJECT_CAS: ProtocolId = ProtocolId(0x6f62_0003);
+/// Anti-entropy digest exchanges between object replicas (`meshwire-objects`), "ob\0\x04".
+pub const OBJECT_SYNC: ProtocolId = ProtocolId(0x6f62_0004);
 /// Batches of a [`crate::pipeline`], "PIPE".
 pub const PIPELINE: ProtocolId = ProtocolId(0x5049_5045);
 /// Round-trip probes of a [`crate::pipeline`], "PING".
@@ -72,6 +74,7 @@ mod tests {
             OBJECT_FETCH,
             OBJECT_STORE,
             OBJECT_CAS,
+            OBJECT_SYNC,
             PIPELINE,
             PIPELINE_PING,
         ];

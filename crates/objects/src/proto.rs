@@ -1,6 +1,7 @@
-//! The sans-IO object protocol: hybrid clocks, messages, conditional writes, placement and merging of copies, and quorum plans.
+//! The sans-IO object protocol: hybrid clocks, messages, conditional writes, anti-entropy, placement and merging of copies, and quorum plans.
 
 pub mod cas;
 pub mod clock;
+pub mod entropy;
 pub mod object;
 pub mod quorum;

@@ -228,6 +228,7 @@ impl DaemonBuilder {
         };
         let service = ObjectService::new(node, store, self.objects, self.options)?;
         register_start_time(service.node());
+        let anti_entropy = service.spawn_anti_entropy().map(AbortOnDrop);
         let http = match (self.http, token) {
             (Some(address), Some(token)) => Some(
                 HttpServer::start(
@@ -241,7 +242,21 @@ impl DaemonBuilder {
             ),
             _ => None,
         };
-        Ok(Daemon { service, http })
+        Ok(Daemon {
+            service,
+            http,
+            anti_entropy,
+        })
+    }
+}
+
+/// Stops a task when dropped (the daemon's anti-entropy loop dies with the daemon).
+#[derive(Debug)]
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -323,6 +338,7 @@ impl HttpServer {
 pub struct Daemon {
     service: ObjectService,
     http: Option<HttpServer>,
+    anti_entropy: Option<AbortOnDrop>,
 }
 
 impl Daemon {
@@ -369,11 +385,12 @@ impl Daemon {
         self.http.as_ref().map(|http| &http.metrics)
     }
 
-    /// Stops accepting HTTP connections and lets requests in flight finish (bounded by
+    /// Stops anti-entropy and accepting HTTP connections, lets requests in flight finish (bounded by
     /// [`HttpLimits::shutdown_grace`]), then closes the node's connections with a reason and
     /// waits for the endpoint to go idle. The store is flushed: every write was committed
     /// durably when it was acknowledged, and its file is closed when the last handle drops.
     pub async fn shutdown(self) -> Result<(), DaemonError> {
+        drop(self.anti_entropy);
         let http = match self.http {
             Some(http) => http.stop().await,
             None => Ok(()),

@@ -37,7 +37,7 @@
 //! Each request has a deadline covering the whole exchange; no read ever waits on a peer beyond it.
 //! The node-to-node messages are in [`crate::proto::object`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -49,7 +49,9 @@ use crate::proto::object::{
 };
 use crate::proto::quorum::{Outcome, PeerScores, Policy, QuorumConfig, QuorumError, ScoreConfig};
 use bytes::Bytes;
-use meshwire::protocols::{OBJECT_CAS as CAS, OBJECT_FETCH as FETCH, OBJECT_STORE as STORE};
+use meshwire::protocols::{
+    OBJECT_CAS as CAS, OBJECT_FETCH as FETCH, OBJECT_STORE as STORE, OBJECT_SYNC as SYNC,
+};
 use meshwire::{HandlerError, Node, PeerId, SubscribeError};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -62,11 +64,13 @@ use super::store::{Store, StoreError, StoredObject};
 
 mod cas;
 mod drive;
+mod entropy;
 mod read;
 mod serve;
 
 pub use drive::ReplicaError;
 use drive::{drive, now, Leftover};
+pub use entropy::{RoundReport, IN_FLIGHT, MAX_TRANSFER_BYTES, PULL_BATCH};
 
 /// Settings of the object service.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -89,6 +93,9 @@ pub struct ObjectConfig {
     pub max_clock_skew: Duration,
     /// Peer ranking settings.
     pub scores: ScoreConfig,
+    /// Mean time between anti-entropy rounds (jittered ±50%; zero disables anti-entropy). See
+    /// `service/entropy.rs`.
+    pub anti_entropy_interval: Duration,
 }
 
 impl Default for ObjectConfig {
@@ -103,6 +110,7 @@ impl Default for ObjectConfig {
             max_object_bytes: 8 * 1024 * 1024,
             max_clock_skew: Duration::from_secs(5),
             scores: ScoreConfig::default(),
+            anti_entropy_interval: Duration::from_secs(5),
         }
     }
 }
@@ -303,6 +311,11 @@ struct ReasonLabel {
     reason: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabel {
+    direction: &'static str,
+}
+
 #[derive(Debug)]
 struct ObjectMetrics {
     reads: Family<OutcomeLabel, Counter>,
@@ -313,11 +326,19 @@ struct ObjectMetrics {
     requests_per_read: Counter,
     refused_requests: Family<ReasonLabel, Counter>,
     refused_answers: Family<ReasonLabel, Counter>,
+    entropy_rounds: Counter,
+    entropy_exchanges: Family<OutcomeLabel, Counter>,
+    entropy_repaired: Family<DirectionLabel, Counter>,
+    entropy_sent_bytes: Counter,
+    entropy_received_bytes: Counter,
+    entropy_errors: Family<ReasonLabel, Counter>,
+    entropy_scan_seconds: Histogram,
 }
 
 impl Default for ObjectMetrics {
     fn default() -> Self {
-        // 0.1 ms to about 3.3 s: a loopback read to one past the default deadline.
+        // 0.1 ms to about 3.3 s: a loopback read to one past the default deadline; a scan of the
+        // store's headers for anti-entropy too.
         let buckets = || Histogram::new(exponential_buckets(0.0001, 2.0, 16));
         Self {
             reads: Family::default(),
@@ -328,6 +349,13 @@ impl Default for ObjectMetrics {
             requests_per_read: Counter::default(),
             refused_requests: Family::default(),
             refused_answers: Family::default(),
+            entropy_rounds: Counter::default(),
+            entropy_exchanges: Family::default(),
+            entropy_repaired: Family::default(),
+            entropy_sent_bytes: Counter::default(),
+            entropy_received_bytes: Counter::default(),
+            entropy_errors: Family::default(),
+            entropy_scan_seconds: buckets(),
         }
     }
 }
@@ -372,6 +400,9 @@ struct Inner {
     scores: Mutex<PeerScores<PeerId>>,
     rng: Mutex<SmallRng>,
     metrics: ObjectMetrics,
+    /// Per peer, the bucket count its last anti-entropy answer called for (raised when a bucket
+    /// was too large to list whole).
+    entropy_buckets: Mutex<HashMap<PeerId, usize>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -404,6 +435,7 @@ impl ObjectService {
                 scores: Mutex::new(PeerScores::new(config.scores)),
                 rng: Mutex::new(rng),
                 metrics: ObjectMetrics::default(),
+                entropy_buckets: Mutex::new(HashMap::new()),
             }),
         };
         service.set_members(options.members);
@@ -449,6 +481,41 @@ impl ObjectService {
                 "Replica answers this node refused or was refused with, by reason",
                 metrics.refused_answers.clone(),
             );
+            registry.register(
+                "object_anti_entropy_rounds",
+                "Anti-entropy rounds run",
+                metrics.entropy_rounds.clone(),
+            );
+            registry.register(
+                "object_anti_entropy_exchanges",
+                "Anti-entropy exchanges with one member, by outcome",
+                metrics.entropy_exchanges.clone(),
+            );
+            registry.register(
+                "object_anti_entropy_repaired_keys",
+                "Copies anti-entropy pulled here or pushed to a member, by direction",
+                metrics.entropy_repaired.clone(),
+            );
+            registry.register(
+                "object_anti_entropy_sent_bytes",
+                "Payload bytes of the anti-entropy exchanges this node started, sent (digests, pull and push requests)",
+                metrics.entropy_sent_bytes.clone(),
+            );
+            registry.register(
+                "object_anti_entropy_received_bytes",
+                "Payload bytes of the anti-entropy exchanges this node started, received (listings, pulled copies, answers)",
+                metrics.entropy_received_bytes.clone(),
+            );
+            registry.register(
+                "object_anti_entropy_errors",
+                "Digest exchanges refused as malformed or from another placement, by reason",
+                metrics.entropy_errors.clone(),
+            );
+            registry.register(
+                "object_anti_entropy_scan_seconds",
+                "Time of one anti-entropy scan of the store's record headers",
+                metrics.entropy_scan_seconds.clone(),
+            );
         });
         // The handlers live in the node; a weak reference keeps them from keeping the node alive.
         let weak = Arc::downgrade(&service.inner);
@@ -460,6 +527,11 @@ impl ObjectService {
         node.handle(STORE, move |peer, body| {
             let result = upgrade(&weak).and_then(|service| service.serve_store(peer, body));
             async move { result }
+        })?;
+        let weak = Arc::downgrade(&service.inner);
+        node.handle(SYNC, move |peer, body| {
+            let service = upgrade(&weak);
+            async move { service?.serve_sync(peer, body).await }
         })?;
         let weak = Arc::downgrade(&service.inner);
         node.handle(CAS, move |peer, body| {

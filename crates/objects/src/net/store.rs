@@ -21,6 +21,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use crate::proto::cas::Precondition;
+use crate::proto::entropy::wins;
 use crate::proto::object::{content_hash, Stamp};
 use bytes::Bytes;
 use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
@@ -217,37 +218,80 @@ impl Store {
         precondition: Option<Precondition>,
     ) -> Result<Result<Stamp, Option<Stamp>>, StoreError> {
         let txn = self.db.begin_write()?;
-        {
+        let result = {
             let mut table = txn.open_table(OBJECTS)?;
-            let old = match table.get(key)? {
-                Some(record) => Some(record_header(key, record.value())?),
-                None => None,
-            };
-            let current = old.map(|(old, _)| old);
-            if precondition.is_some_and(|p| !p.holds(current.as_ref())) {
-                return Ok(Err(current));
-            }
-            let wins = old.is_none_or(|(old, _)| {
-                stamp.version > old.version
-                    || (stamp.version == old.version && stamp.hash < old.hash)
-            });
-            if !wins {
-                return Ok(Err(current));
-            }
-            let mut record = Vec::with_capacity(RECORD_HEADER + content.len());
-            record.extend_from_slice(&stamp.version.to_le_bytes());
-            record.extend_from_slice(&stamp.hash);
-            record.extend_from_slice(&content);
-            table.insert(key, record.as_slice())?;
             let mut totals = txn.open_table(TOTALS)?;
-            let total = totals.get(CONTENT_BYTES)?.map_or(0, |v| v.value());
-            let old_len = old.map_or(0, |(_, len)| len as u64);
-            let new_total = (total + content.len() as u64).saturating_sub(old_len);
-            totals.insert(CONTENT_BYTES, new_total)?;
+            apply_in(&mut table, &mut totals, key, stamp, &content, precondition)?
+        };
+        if result.is_err() {
+            // Nothing was written: the transaction is dropped, not committed.
+            return Ok(result);
         }
         txn.commit()?;
         self.cache().insert(key, StoredObject { stamp, content });
-        Ok(Ok(stamp))
+        Ok(result)
+    }
+
+    /// Stores each `(key, stamp, content)` that wins over the stored copy, as [`Store::put`]
+    /// does, all in one durable transaction (one commit for many copies: anti-entropy's pulls).
+    /// Returns the stamp the store holds afterwards for each, in order.
+    pub fn put_batch(&self, copies: &[(String, Stamp, Bytes)]) -> Result<Vec<Stamp>, StoreError> {
+        let txn = self.db.begin_write()?;
+        let mut held = Vec::with_capacity(copies.len());
+        {
+            let mut table = txn.open_table(OBJECTS)?;
+            let mut totals = txn.open_table(TOTALS)?;
+            for (key, stamp, content) in copies {
+                held.push(
+                    match apply_in(&mut table, &mut totals, key, *stamp, content, None)? {
+                        Ok(stamp) => stamp,
+                        Err(current) => current.unwrap_or(*stamp),
+                    },
+                );
+            }
+        }
+        txn.commit()?;
+        let mut cache = self.cache();
+        for ((key, stamp, content), now) in copies.iter().zip(&held) {
+            if now == stamp {
+                cache.insert(
+                    key,
+                    StoredObject {
+                        stamp: *stamp,
+                        content: content.clone(),
+                    },
+                );
+            }
+        }
+        Ok(held)
+    }
+
+    /// Calls `visit` with the key, stamp and content length of every record, in key order,
+    /// reading only the records' headers (the content is not hashed: a damaged record shows when
+    /// it is read). Anti-entropy computes its digests with this.
+    pub fn scan_stamps(&self, mut visit: impl FnMut(&str, Stamp, usize)) -> Result<(), StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(OBJECTS)?;
+        for record in table.iter()? {
+            let (key, value) = record?;
+            let key = key.value();
+            let (stamp, len) = record_header(key, value.value())?;
+            visit(key, stamp, len);
+        }
+        Ok(())
+    }
+
+    /// The stamp and content length of the record under `key`, from its header only.
+    pub fn header(&self, key: &str) -> Result<Option<(Stamp, usize)>, StoreError> {
+        if let Some(object) = self.cache().get(key) {
+            return Ok(Some((object.stamp, object.content.len())));
+        }
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(OBJECTS)?;
+        let Some(record) = table.get(key)? else {
+            return Ok(None);
+        };
+        Ok(Some(record_header(key, record.value())?))
     }
 
     /// Objects and content bytes held.
@@ -263,6 +307,39 @@ impl Store {
             content_bytes,
         })
     }
+}
+
+/// Writes `content` under `key` with `stamp` in an open transaction if `precondition` holds
+/// and the copy wins over the stored one; `Err` holds the stored copy's stamp when it does not.
+fn apply_in(
+    table: &mut redb::Table<'_, &'static str, &'static [u8]>,
+    totals: &mut redb::Table<'_, &'static str, u64>,
+    key: &str,
+    stamp: Stamp,
+    content: &[u8],
+    precondition: Option<Precondition>,
+) -> Result<Result<Stamp, Option<Stamp>>, StoreError> {
+    let old = match table.get(key)? {
+        Some(record) => Some(record_header(key, record.value())?),
+        None => None,
+    };
+    let current = old.map(|(old, _)| old);
+    if precondition.is_some_and(|p| !p.holds(current.as_ref())) {
+        return Ok(Err(current));
+    }
+    if !old.is_none_or(|(old, _)| wins(&stamp, &old)) {
+        return Ok(Err(current));
+    }
+    let mut record = Vec::with_capacity(RECORD_HEADER + content.len());
+    record.extend_from_slice(&stamp.version.to_le_bytes());
+    record.extend_from_slice(&stamp.hash);
+    record.extend_from_slice(content);
+    table.insert(key, record.as_slice())?;
+    let total = totals.get(CONTENT_BYTES)?.map_or(0, |v| v.value());
+    let old_len = old.map_or(0, |(_, len)| len as u64);
+    let new_total = (total + content.len() as u64).saturating_sub(old_len);
+    totals.insert(CONTENT_BYTES, new_total)?;
+    Ok(Ok(stamp))
 }
 
 fn record_header(key: &str, record: &[u8]) -> Result<(Stamp, usize), StoreError> {
@@ -394,6 +471,32 @@ mod tests {
             Err(Some(two))
         );
         assert_eq!(store.get("k").unwrap().unwrap().content, "two");
+    }
+
+    #[test]
+    fn a_batch_applies_the_same_rule_in_one_transaction() {
+        let store = Store::in_memory(1 << 20).unwrap();
+        let two = stamp(2, b"two");
+        store.put("b", two, Bytes::from_static(b"two")).unwrap();
+        let copies = vec![
+            ("a".to_string(), stamp(1, b"a"), Bytes::from_static(b"a")),
+            (
+                "b".to_string(),
+                stamp(1, b"old"),
+                Bytes::from_static(b"old"),
+            ),
+            ("c".to_string(), stamp(3, b"c"), Bytes::from_static(b"c")),
+        ];
+        let held = store.put_batch(&copies).unwrap();
+        assert_eq!(held, vec![stamp(1, b"a"), two, stamp(3, b"c")]);
+        assert_eq!(store.get("b").unwrap().unwrap().content, "two");
+        assert_eq!(
+            store.size().unwrap(),
+            StoreSize {
+                objects: 3,
+                content_bytes: 5
+            }
+        );
     }
 
     #[test]

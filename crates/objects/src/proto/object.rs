@@ -26,6 +26,9 @@
 //!                 [clock u64][2][reason u8]                       refused (see below)
 //! ```
 //!
+//! The anti-entropy messages (`OBJECT_SYNC`) are in [`crate::proto::entropy`]; pulls and pushes
+//! are the fetch and store messages above.
+//!
 //! Refusal reasons ([`Refusal`]): 1 = the sender is not a member of the replica's cluster,
 //! 2 = the sender's clock or a version it carries is further ahead than the accepted skew,
 //! 3 = a version at the integer limit. A refusal is an answer, not an ack and not a copy.
