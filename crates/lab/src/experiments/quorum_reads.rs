@@ -11,7 +11,8 @@
 //! second until `reads` are done, each asking for the full object from all servers as candidates.
 //!
 //! Metrics: `fetch_ms_p50`, `fetch_ms_p99` (start of the read to the end of its plan),
-//! `quorum_ratio` (reads that reached quorum), `requests_per_read` (replica requests made), and
+//! `quorum_ratio` (reads that reached quorum), `requests_per_read` (replica requests made) beside
+//! its floor `requests_floor` (the quorum: no read can ask fewer), and
 //! `ideal_ms_p99`, the physical floor: per read, the round trip plus service time of the
 //! `quorum`-th fastest live server (a slow server's service time is `slow_ms`, so when fewer than
 //! `quorum` servers are healthy the floor waits for slow ones) — when that read could have
@@ -197,7 +198,7 @@ pub fn run(
         quorum,
         fanout: quorum,
         max_in_flight: match policy {
-            Policy::Hedged => 2 * quorum,
+            Policy::Hedged => QuorumConfig::hedged(quorum, deadline).max_in_flight,
             _ => servers,
         },
         deadline,
@@ -414,6 +415,7 @@ pub fn run(
         "requests_per_read".into(),
         round_metric(tally.requests as f64 / reads as f64),
     );
+    metrics.insert("requests_floor".into(), quorum as f64);
     Ok(metrics)
 }
 

@@ -47,7 +47,9 @@ use crate::proto::object::{
     self, content_hash, decode_fetched, decode_stored, FetchMode, Fetched, ObjectError, Stamp,
     Stored,
 };
-use crate::proto::quorum::{Outcome, PeerScores, Policy, QuorumConfig, QuorumError, ScoreConfig};
+use crate::proto::quorum::{
+    Outcome, PathHint, PeerScores, Policy, QuorumConfig, QuorumError, QuorumPlan, ScoreConfig,
+};
 use bytes::Bytes;
 use meshwire::protocols::{
     OBJECT_CAS as CAS, OBJECT_FETCH as FETCH, OBJECT_STORE as STORE, OBJECT_SYNC as SYNC,
@@ -397,7 +399,7 @@ struct Inner {
     clock: Mutex<HybridClock>,
     physical: Arc<dyn PhysicalClock>,
     pending: Mutex<cas::PendingWrites>,
-    scores: Mutex<PeerScores<PeerId>>,
+    scores: Arc<Mutex<PeerScores<PeerId>>>,
     rng: Mutex<SmallRng>,
     metrics: ObjectMetrics,
     /// Per peer, the bucket count its last anti-entropy answer called for (raised when a bucket
@@ -432,7 +434,7 @@ impl ObjectService {
                 clock: Mutex::new(HybridClock::new(config.max_clock_skew)),
                 physical: options.clock,
                 pending: Mutex::new(cas::PendingWrites::new()),
-                scores: Mutex::new(PeerScores::new(config.scores)),
+                scores: Arc::new(Mutex::new(PeerScores::new(config.scores))),
                 rng: Mutex::new(rng),
                 metrics: ObjectMetrics::default(),
                 entropy_buckets: Mutex::new(HashMap::new()),
@@ -789,10 +791,8 @@ impl ObjectService {
             }
         };
         let plan = {
-            let scores = lock(&self.inner.scores);
-            let mut rng = lock(&self.inner.rng);
             // fanout = R: every replica is asked at once; the plan ends at W acks.
-            scores.plan(config, &replicas, now(), &mut *rng)?
+            self.plan(config, &replicas)?
         };
         let (acks, outcome) = drive(&self.inner.scores, plan, ask, Leftover::Finish).await;
         if !outcome.reached(quorum) {
@@ -810,6 +810,45 @@ impl ObjectService {
         })
     }
 
+    /// A plan over `candidates`, ranked by their scores and by what the transport knows of each
+    /// path: this node is reachable at no distance; a peer is reachable while its connection is
+    /// up, at the connection's round trip.
+    pub(super) fn plan(
+        &self,
+        config: QuorumConfig,
+        candidates: &[PeerId],
+    ) -> Result<QuorumPlan<PeerId>, QuorumError> {
+        let me = self.inner.node.peer_id();
+        let paths: HashMap<PeerId, PathHint> = self
+            .inner
+            .node
+            .peers()
+            .into_iter()
+            .filter(|status| status.connected)
+            .map(|status| {
+                let hint = PathHint {
+                    reachable: true,
+                    rtt: status.rtt,
+                };
+                (status.peer, hint)
+            })
+            .collect();
+        let hinted: Vec<(PeerId, PathHint)> = candidates
+            .iter()
+            .map(|peer| {
+                let hint = if *peer == me {
+                    PathHint::connected(Duration::ZERO)
+                } else {
+                    paths.get(peer).copied().unwrap_or_default()
+                };
+                (*peer, hint)
+            })
+            .collect();
+        let scores = lock(&self.inner.scores);
+        let mut rng = lock(&self.inner.rng);
+        scores.plan(config, &hinted, now(), &mut *rng)
+    }
+
     /// Asks `candidates` for `key` under `config` and returns what the quorum answered. Used by
     /// reads, and by the lab to compare policies over the same code path. A copy whose version is
     /// beyond the accepted clock skew (this node's own included) counts as its holder's failure.
@@ -821,11 +860,7 @@ impl ObjectService {
         config: QuorumConfig,
     ) -> Result<FetchResult, ObjectServiceError> {
         object::validate_key(key).map_err(ObjectServiceError::InvalidKey)?;
-        let plan = {
-            let scores = lock(&self.inner.scores);
-            let mut rng = lock(&self.inner.rng);
-            scores.plan(config, candidates, now(), &mut *rng)?
-        };
+        let plan = self.plan(config, candidates)?;
         let clock = self.tick().map_err(ObjectServiceError::Clock)?;
         let request = Bytes::from(object::encode_fetch(clock, mode, key));
         let me = self.inner.node.peer_id();
@@ -864,7 +899,7 @@ impl ObjectService {
                 })
             }
         };
-        let (copies, outcome) = drive(&self.inner.scores, plan, ask, Leftover::Cancel).await;
+        let (copies, outcome) = drive(&self.inner.scores, plan, ask, Leftover::FollowUp).await;
         self.inner
             .metrics
             .requests_per_read

@@ -9,11 +9,19 @@
 //! Two pieces, both pure (time arrives as `now`, randomness as an injected [`rand::RngCore`]):
 //!
 //! - [`PeerScores`] keeps, per peer, an EWMA of answer latency (`srtt`), of its deviation
-//!   (`rttvar`, as TCP's RTO estimator, RFC 6298 §2) and of errors. A peer's *tail estimate* is
-//!   `srtt + 4·rttvar`; its *score* (lower is better) adds `error_penalty · error_ewma`. Peers are
-//!   ordered by score, ties broken at random. A peer never heard from gets a configured prior.
-//!   A request cancelled at quorum leaves its peer a censored sample: the time it had already taken,
-//!   if that is worse than its `srtt`, so peers that never answer in time sink in the ranking.
+//!   (`rttvar`, as TCP's RTO estimator, RFC 6298 §2), of errors, and of lateness (not answering by
+//!   its hedge delay). A peer's *tail estimate* is `srtt + 4·rttvar`; its *score* (lower is
+//!   better) adds `error_penalty · error_ewma`; its *timeliness* is one minus its lateness. Peers
+//!   are ordered by score, ties broken at random.
+//!   A peer never heard from is ranked by what the transport knows ([`PathHint`]): expected at its
+//!   connection's round trip plus the median service time of known peers, hedged at twice that,
+//!   at even odds of answering in time. A candidate without a
+//!   live connection comes last, with no chance of answering in time; with no round trip known, a
+//!   stranger gets a configured prior.
+//!   Lateness is news at once: when a plan passes a peer's hedge delay, and when it cancels a
+//!   request still out, the time already taken is a lower bound on that peer's latency (a
+//!   censored sample), so its estimate is raised to it rather than averaged in, and plans starting
+//!   meanwhile route around it. A peer that stops answering sinks after one late request.
 //!   Exploration: with probability `explore_probability` a plan also asks one random peer from
 //!   outside the first choices, so a peer that recovered is measured again without delaying the read.
 //! - [`QuorumPlan`] runs one request. The driver polls [`QuorumPlan::poll_ask`] for peers to ask,
@@ -23,9 +31,23 @@
 //!     the current one answers, fails, or exceeds `attempt_timeout`.
 //!   - [`Policy::ParallelAll`]: every candidate at once; done when all have answered or failed, or at
 //!     the deadline.
-//!   - [`Policy::Hedged`]: the best `fanout` peers at once (plus an exploration peer); when an
-//!     in-flight peer is later than its tail estimate, or fails, the next-best peer is asked too,
-//!     with at most `max_in_flight` requests out. Done as soon as `quorum` peers answered.
+//!   - [`Policy::Hedged`]: the best `fanout` peers at once (plus an exploration peer); then, while
+//!     the chance that the attempts out reach quorum in time (a Poisson-binomial tail over their
+//!     timeliness) is below [`CONFIDENCE`] (0.99), the next-best too; when an attempt is later than
+//!     its tail estimate, or fails, the next-best peer is asked in its place. At most
+//!     `max_in_flight` attempts that are not late are out: a late attempt still counts if it
+//!     answers but holds no place, so when most peers are slow the plan keeps routing around them
+//!     instead of waiting. Done as soon as `quorum` peers answered.
+//!
+//! Extra requests are paid from a budget shared by all plans, as gRPC's and Finagle's retry
+//! budgets: every plan's first `fanout` requests earn `extra_request_ratio` (0.2) each, every
+//! request beyond them costs one, and at most `extra_request_reserve` (32) is saved up. The
+//! budget starts full, so a client that knows nobody can ask several strangers at once; once it
+//! knows who answers in time it asks the quorum alone. Hedges are paid from the same budget but
+//! are never refused by it: a late peer is always replaced.
+//!
+//! A plan with fewer reachable candidates than its quorum is done at once
+//! ([`Finish::Unreachable`]): no answer could make the quorum, so nobody waits for the deadline.
 //!
 //! Every policy is done by `deadline` after the start, whatever the peers do; the plan asks each
 //! peer at most once, and the driver cancels whatever is still in flight when it is done.
@@ -33,7 +55,10 @@
 //! The plan also keeps the driver's bookkeeping, so a driver only sends requests, awaits them and
 //! reads the clock: [`QuorumPlan::on_answer`] and [`QuorumPlan::on_failure`] feed each reply's
 //! latency (since the plan asked that peer) into the [`PeerScores`], and
-//! [`QuorumPlan::cancel_pending`] gives the peers still in flight their censored samples.
+//! [`QuorumPlan::cancel_pending`] gives the peers still in flight their censored samples, or, as
+//! meshwire's reads do, [`QuorumPlan::pending_due`] lists them so the driver can follow them up
+//! until each is due and report each with [`PeerScores::record_follow_up`]: then every peer asked
+//! gets an outcome, not only those faster than the quorum.
 
 use std::time::Duration;
 
@@ -41,8 +66,8 @@ mod plan;
 mod policy;
 mod scores;
 
-pub use plan::{Candidate, Finish, Outcome, QuorumPlan};
-pub use scores::{PeerScores, ScoreConfig};
+pub use plan::{Candidate, Finish, Outcome, QuorumPlan, CONFIDENCE};
+pub use scores::{PathHint, PeerScores, ScoreConfig};
 
 /// How a plan spreads a request over its candidates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -118,13 +143,15 @@ pub struct QuorumConfig {
 }
 
 impl QuorumConfig {
-    /// Hedged defaults for `quorum` answers within `deadline`.
+    /// Hedged defaults for `quorum` answers within `deadline`: the quorum asked first, and room
+    /// for as many again plus eight more attempts that are not late, for uncertain peers (the
+    /// budget in [`PeerScores`] decides how many are actually asked).
     pub fn hedged(quorum: usize, deadline: Duration) -> Self {
         Self {
             policy: Policy::Hedged,
             quorum,
             fanout: quorum,
-            max_in_flight: quorum * 2,
+            max_in_flight: quorum * 2 + 8,
             deadline,
             attempt_timeout: deadline,
         }

@@ -13,7 +13,7 @@ use crate::net::store::StoreError;
 use crate::proto::cas::{self, CasAnswer, Phase, Precondition};
 use crate::proto::object::{content_hash, Refusal, Stamp};
 
-use super::drive::{drive, now, Leftover};
+use super::drive::{drive, Leftover};
 use super::{lock, ObjectService, ObjectServiceError, ReplicaError, WriteOutcome};
 
 /// A prepared conditional write a replica holds until commit, abort or expiry.
@@ -311,11 +311,7 @@ impl ObjectService {
                 }
             }
         };
-        let plan = {
-            let scores = lock(&self.inner.scores);
-            let mut rng = lock(&self.inner.rng);
-            scores.plan(config, replicas, now(), &mut *rng)?
-        };
+        let plan = self.plan(config, replicas)?;
         let (done, _) = drive(&self.inner.scores, plan, ask, Leftover::Finish).await;
         Ok(done.len())
     }

@@ -1,7 +1,7 @@
 //! Run a quorum plan over real requests: the plan decides, this sends, awaits and reads the clock.
 
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -55,8 +55,10 @@ pub enum ReplicaError {
 /// What happens to requests still in flight when a plan is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Leftover {
-    /// Drop them (reads): their peers get censored samples in the scores.
-    Cancel,
+    /// Follow them up in the background only until each is due (its hedge delay), to score its
+    /// peer, then drop them (reads). Without this, only peers that answer before the quorum is
+    /// reached would ever be scored, and the ranking would take slow peers for strangers.
+    FollowUp,
     /// Let them finish in the background (writes), so every live replica gets the copy.
     Finish,
 }
@@ -69,7 +71,7 @@ pub(super) fn now() -> Instant {
 /// Runs `plan`, asking peers with `ask`, until it is done; replies update `scores` through the
 /// plan. Returns the answers and the outcome.
 pub(super) async fn drive<T, F, Fut>(
-    scores: &Mutex<PeerScores<PeerId>>,
+    scores: &Arc<Mutex<PeerScores<PeerId>>>,
     mut plan: QuorumPlan<PeerId>,
     ask: F,
     leftover: Leftover,
@@ -87,9 +89,18 @@ where
             let request = ask(peer);
             in_flight.push(async move { (peer, request.await) });
         }
+        plan.report_late(at, &mut lock(scores));
         if let Some(outcome) = plan.outcome() {
+            lock(scores).settle(plan.config().fanout, outcome.asked);
             match leftover {
-                Leftover::Cancel => plan.cancel_pending(now(), &mut lock(scores)),
+                Leftover::FollowUp if !in_flight.is_empty() => {
+                    let due = plan.pending_due();
+                    let scores = scores.clone();
+                    tokio::spawn(async move {
+                        follow_up(&scores, in_flight, due).await;
+                    });
+                }
+                Leftover::FollowUp => {}
                 Leftover::Finish if !in_flight.is_empty() => {
                     tokio::spawn(async move { while in_flight.next().await.is_some() {} });
                 }
@@ -119,5 +130,37 @@ where
             }
             _ = tokio::time::sleep_until(wake) => {}
         }
+    }
+}
+
+/// Awaits the requests a read left in flight until each is due, and scores each peer by what it
+/// did by then; whatever is still out at the last due time is dropped.
+async fn follow_up<T, Fut>(
+    scores: &Mutex<PeerScores<PeerId>>,
+    mut in_flight: FuturesUnordered<Fut>,
+    mut due: Vec<(PeerId, Instant, Instant)>,
+) where
+    Fut: Future<Output = (PeerId, Result<T, ReplicaError>)>,
+{
+    let Some(last) = due.iter().map(|(_, _, at)| *at).max() else {
+        return;
+    };
+    let stop = tokio::time::sleep_until(tokio::time::Instant::from_std(last));
+    tokio::pin!(stop);
+    while !due.is_empty() {
+        tokio::select! {
+            Some((peer, result)) = in_flight.next() => {
+                let at = now();
+                if let Some(index) = due.iter().position(|(p, _, _)| *p == peer) {
+                    let (_, sent, until) = due.swap_remove(index);
+                    lock(scores).record_follow_up(peer, sent, until, Some((at, result.is_ok())));
+                }
+            }
+            _ = &mut stop => break,
+        }
+    }
+    let mut scores = lock(scores);
+    for (peer, sent, until) in due {
+        scores.record_follow_up(peer, sent, until, None);
     }
 }

@@ -7,12 +7,28 @@ use super::policy::Spread;
 use super::{PeerScores, QuorumConfig, QuorumError};
 
 /// A peer a plan may ask, with how long to wait for it before hedging.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Candidate<P> {
     /// The peer.
     pub peer: P,
     /// The hedge delay: ask another peer if this one has not answered by then.
     pub hedge_after: Duration,
+    /// The probability that it answers by its hedge delay.
+    pub timely: f64,
+    /// Whether the transport can reach it now.
+    pub reachable: bool,
+}
+
+impl<P> Candidate<P> {
+    /// A reachable peer, hedged after `hedge_after`, with nothing known of its timeliness.
+    pub fn new(peer: P, hedge_after: Duration) -> Self {
+        Self {
+            peer,
+            hedge_after,
+            timely: 0.5,
+            reachable: true,
+        }
+    }
 }
 
 /// Where one candidate's attempt stands.
@@ -35,6 +51,12 @@ pub(super) struct Slots {
     pub(super) config: QuorumConfig,
     /// Each candidate's hedge delay.
     pub(super) hedge_after: Vec<Duration>,
+    /// Each candidate's probability of answering by its hedge delay.
+    pub(super) timely: Vec<f64>,
+    /// Extra first asks (beyond `fanout`) the plan may still make for uncertain peers.
+    pub(super) spare: usize,
+    /// Candidates that became late since the driver last collected them.
+    pub(super) newly_late: Vec<usize>,
     /// Each candidate's attempt.
     pub(super) states: Vec<SlotState>,
     /// The candidate asked at the start beyond the first choices, if any.
@@ -54,11 +76,48 @@ impl Slots {
             .count()
     }
 
+    /// Attempts in flight that are not late.
+    pub(super) fn live(&self) -> usize {
+        self.states
+            .iter()
+            .filter(|state| matches!(state, SlotState::InFlight { hedged: false, .. }))
+            .count()
+    }
+
     /// The first candidate not asked yet.
     pub(super) fn next_waiting(&self) -> Option<usize> {
         self.states
             .iter()
             .position(|state| *state == SlotState::Waiting)
+    }
+
+    /// The probability that at least `needed` of the attempts in flight and not yet late answer
+    /// in time, each independently with its candidate's timeliness (a Poisson-binomial tail).
+    pub(super) fn chance_of_quorum(&self, needed: usize) -> f64 {
+        if needed == 0 {
+            return 1.0;
+        }
+        // at_least[k]: probability of at least k timely answers among the attempts seen so far,
+        // for k < needed; at_least[needed] folds in "needed or more".
+        let mut exactly = vec![0.0; needed + 1];
+        exactly[0] = 1.0;
+        for (index, state) in self.states.iter().enumerate() {
+            if !matches!(state, SlotState::InFlight { hedged: false, .. }) {
+                continue;
+            }
+            let p = self.timely[index].clamp(0.0, 1.0);
+            for k in (0..=needed).rev() {
+                let stay = exactly[k] * (1.0 - p);
+                let from_below = if k > 0 { exactly[k - 1] * p } else { 0.0 };
+                // The top bucket keeps everything that reached it.
+                exactly[k] = if k == needed {
+                    exactly[k] + from_below
+                } else {
+                    stay + from_below
+                };
+            }
+        }
+        exactly[needed]
     }
 }
 
@@ -71,7 +130,13 @@ pub enum Finish {
     Exhausted,
     /// The deadline passed.
     Deadline,
+    /// Fewer than the quorum were reachable at the start: failed at once.
+    Unreachable,
 }
+
+/// The chance a hedged plan aims for that its first asks alone reach quorum in time: the
+/// requests' own p99, so that the 99th percentile of latency is set by answers, not by hedges.
+pub const CONFIDENCE: f64 = 0.99;
 
 /// How a finished plan went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +149,8 @@ pub struct Outcome {
     pub asked: usize,
     /// Peers that failed or timed out.
     pub failed: usize,
+    /// Peers the plan could reach when it started.
+    pub reachable: usize,
 }
 
 impl Outcome {
@@ -103,12 +170,15 @@ pub struct QuorumPlan<P> {
     /// When each candidate was asked; kept after it resolves, for the latency of a late reply.
     asked_at: Vec<Option<Instant>>,
     asked: usize,
+    reachable: usize,
     finished: Option<Finish>,
 }
 
 impl<P: Copy + Eq> QuorumPlan<P> {
     /// A plan over `candidates` in the order to try them; `explore` is the index of a peer a hedged
-    /// plan asks at the start in addition to the first `fanout`.
+    /// plan asks at the start in addition to the first `fanout`. When fewer than `quorum`
+    /// candidates are reachable the plan is done at once ([`Finish::Unreachable`]): no answer can
+    /// make it, so nobody waits for the deadline.
     pub fn new(
         config: QuorumConfig,
         candidates: Vec<Candidate<P>>,
@@ -119,6 +189,8 @@ impl<P: Copy + Eq> QuorumPlan<P> {
         let spread = config.policy.spread();
         let count = candidates.len();
         let explore = explore.filter(|index| spread.explores() && *index < count);
+        let reachable = candidates.iter().filter(|c| c.reachable).count();
+        let timely = candidates.iter().map(|c| c.timely).collect();
         let (peers, hedge_after) = candidates
             .into_iter()
             .map(|candidate| (candidate.peer, candidate.hedge_after))
@@ -130,6 +202,9 @@ impl<P: Copy + Eq> QuorumPlan<P> {
             slots: Slots {
                 config,
                 hedge_after,
+                timely,
+                spare: 0,
+                newly_late: Vec::new(),
                 states: vec![SlotState::Waiting; count],
                 explore,
                 answers: 0,
@@ -137,10 +212,21 @@ impl<P: Copy + Eq> QuorumPlan<P> {
             },
             asked_at: vec![None; count],
             asked: 0,
+            reachable,
             finished: None,
         };
+        if reachable < config.quorum {
+            plan.finished = Some(Finish::Unreachable);
+        }
         plan.check_done(now);
         Ok(plan)
+    }
+
+    /// Lets a hedged plan ask up to `spare` peers beyond its `fanout` at the start, while the
+    /// chance that the first asks reach quorum in time is below [`CONFIDENCE`].
+    pub fn with_spare(mut self, spare: usize) -> Self {
+        self.slots.spare = spare;
+        self
     }
 
     /// The settings.
@@ -279,6 +365,7 @@ impl<P: Copy + Eq> QuorumPlan<P> {
             answers: self.slots.answers,
             asked: self.asked,
             failed: self.slots.failed,
+            reachable: self.reachable,
         })
     }
 }
@@ -297,10 +384,18 @@ impl<P: Copy + Eq + Hash + Ord> QuorumPlan<P> {
         if self.finished.is_some() {
             return false;
         }
-        let Some(asked) = self.asked_at_of(peer) else {
+        let Some(index) = self.index_of(peer) else {
             return false;
         };
-        scores.record_success(peer, now.saturating_duration_since(asked));
+        let Some(asked) = self.asked_at[index] else {
+            return false;
+        };
+        let latency = now.saturating_duration_since(asked);
+        if latency > self.slots.hedge_after[index] {
+            scores.record_late_success(peer, latency);
+        } else {
+            scores.record_success(peer, latency);
+        }
         self.handle_answer(peer, now);
         true
     }
@@ -319,11 +414,50 @@ impl<P: Copy + Eq + Hash + Ord> QuorumPlan<P> {
         self.handle_failure(peer, now);
     }
 
+    /// Tells `scores` at once about peers that passed their hedge delay since the last call, so
+    /// that plans starting meanwhile rank them by what is known now. Call after every event.
+    pub fn report_late(&mut self, now: Instant, scores: &mut PeerScores<P>) {
+        for index in std::mem::take(&mut self.slots.newly_late) {
+            if let Some(sent) = self.asked_at[index] {
+                scores.record_unanswered(
+                    self.peers[index],
+                    now.saturating_duration_since(sent),
+                    true,
+                );
+            }
+        }
+    }
+
+    /// The requests still in flight, each with when it was sent and when it is due (its hedge
+    /// delay after that): a driver that follows them up after the plan is done reports each
+    /// with [`PeerScores::record_follow_up`], so every peer asked gets an outcome, not only the
+    /// fast ones.
+    pub fn pending_due(&self) -> Vec<(P, Instant, Instant)> {
+        self.slots
+            .states
+            .iter()
+            .enumerate()
+            .filter_map(|(index, state)| match state {
+                SlotState::InFlight { sent, .. } => Some((
+                    self.peers[index],
+                    *sent,
+                    *sent + self.slots.hedge_after[index],
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The driver drops the requests still in flight at `now`: each of those peers gets the time it
-    /// had taken so far as a censored sample ([`PeerScores::record_unanswered`]).
+    /// had taken so far as a censored sample ([`PeerScores::record_unanswered`]), late if it had
+    /// passed its hedge delay.
     pub fn cancel_pending(&self, now: Instant, scores: &mut PeerScores<P>) {
-        for (peer, sent) in self.pending() {
-            scores.record_unanswered(peer, now.saturating_duration_since(sent));
+        for (index, state) in self.slots.states.iter().enumerate() {
+            if let SlotState::InFlight { sent, .. } = state {
+                let elapsed = now.saturating_duration_since(*sent);
+                let late = elapsed > self.slots.hedge_after[index];
+                scores.record_unanswered(self.peers[index], elapsed, late);
+            }
         }
     }
 }
@@ -341,7 +475,9 @@ mod tests {
     }
 
     fn candidates(n: u32, hedge_after: Duration) -> Vec<Candidate<u32>> {
-        (0..n).map(|peer| Candidate { peer, hedge_after }).collect()
+        (0..n)
+            .map(|peer| Candidate::new(peer, hedge_after))
+            .collect()
     }
 
     fn config(policy: Policy) -> QuorumConfig {
@@ -436,6 +572,55 @@ mod tests {
         let outcome = plan.outcome().unwrap();
         assert_eq!(outcome.finish, Finish::Exhausted);
         assert!(!outcome.reached(3));
+    }
+
+    #[test]
+    fn fewer_reachable_than_the_quorum_fails_at_once() {
+        let t0 = Instant::now();
+        let mut list = candidates(5, ms(50));
+        for candidate in &mut list[2..] {
+            candidate.reachable = false;
+        }
+        let mut plan = QuorumPlan::new(config(Policy::Hedged), list, None, t0).unwrap();
+        assert!(drain(&mut plan, t0).is_empty());
+        let outcome = plan.outcome().unwrap();
+        assert_eq!(outcome.finish, Finish::Unreachable);
+        assert_eq!((outcome.asked, outcome.reachable), (0, 2));
+        assert_eq!(plan.poll_timeout(), None);
+    }
+
+    #[test]
+    fn hedged_keeps_asking_when_every_attempt_out_is_late() {
+        let t0 = Instant::now();
+        let tight = QuorumConfig {
+            quorum: 1,
+            fanout: 1,
+            max_in_flight: 1,
+            ..config(Policy::Hedged)
+        };
+        let mut plan = QuorumPlan::new(tight, candidates(4, ms(50)), None, t0).unwrap();
+        assert_eq!(drain(&mut plan, t0), vec![0]);
+        assert_eq!(drain(&mut plan, t0 + ms(50)), vec![1]);
+        assert_eq!(drain(&mut plan, t0 + ms(100)), vec![2]);
+        // A late attempt's answer still counts.
+        plan.handle_answer(0, t0 + ms(120));
+        assert_eq!(plan.outcome().unwrap().finish, Finish::Quorum);
+    }
+
+    #[test]
+    fn late_peers_are_reported_once_as_they_pass_their_hedge_delay() {
+        let mut scores = PeerScores::new(ScoreConfig::default());
+        let t0 = Instant::now();
+        let mut plan =
+            QuorumPlan::new(config(Policy::Hedged), candidates(6, ms(50)), None, t0).unwrap();
+        assert_eq!(drain(&mut plan, t0), vec![0, 1, 2]);
+        plan.handle_answer(1, t0 + ms(10));
+        assert_eq!(drain(&mut plan, t0 + ms(60)), vec![3, 4]);
+        plan.report_late(t0 + ms(60), &mut scores);
+        assert_eq!(scores.expected_latency(0), ms(60));
+        assert!(scores.timely(0) < 0.5);
+        plan.report_late(t0 + ms(70), &mut scores);
+        assert_eq!(scores.expected_latency(0), ms(60), "reported once");
     }
 
     #[test]
@@ -577,7 +762,7 @@ mod tests {
                 let in_flight = plan.pending().count();
                 match policy {
                     Policy::Sequential => prop_assert!(in_flight <= 1),
-                    Policy::Hedged => prop_assert!(in_flight <= config.max_in_flight),
+                    Policy::Hedged => prop_assert!(plan.slots.live() <= config.max_in_flight),
                     Policy::ParallelAll => {}
                 }
                 if let Some(wake) = plan.poll_timeout() {
@@ -609,6 +794,41 @@ mod tests {
                 prop_assert_eq!(outcome.finish, Finish::Quorum);
                 prop_assert_eq!(outcome.answers, quorum);
             }
+        }
+
+        /// The chance of quorum is the Poisson-binomial tail: checked against every outcome.
+        #[test]
+        fn chance_of_quorum_counts_every_outcome(
+            timely in proptest::collection::vec(0.0f64..=1.0, 0..8),
+            needed in 0usize..5,
+        ) {
+            let t0 = Instant::now();
+            let list: Vec<Candidate<u32>> = timely
+                .iter()
+                .enumerate()
+                .map(|(peer, p)| Candidate { timely: *p, ..Candidate::new(peer as u32, ms(50)) })
+                .collect();
+            let n = list.len();
+            let open = QuorumConfig {
+                quorum: 1,
+                fanout: n.max(1),
+                max_in_flight: n.max(1),
+                ..config(Policy::ParallelAll)
+            };
+            let mut plan = QuorumPlan::new(open, list, None, t0).unwrap();
+            drain(&mut plan, t0);
+            let mut brute = 0.0;
+            for mask in 0u32..(1 << n) {
+                let mut p = 1.0;
+                for (i, t) in timely.iter().enumerate() {
+                    p *= if mask & (1 << i) != 0 { *t } else { 1.0 - t };
+                }
+                if mask.count_ones() as usize >= needed {
+                    brute += p;
+                }
+            }
+            let chance = plan.slots.chance_of_quorum(needed);
+            prop_assert!((chance - brute).abs() < 1e-9, "{} vs {}", chance, brute);
         }
 
         /// When every asked peer answers at once, a hedged plan asks only the quorum (plus the

@@ -1,4 +1,4 @@
-//! Per-peer latency and error estimates, and the ranking and plans built on them.
+//! Per-peer latency, lateness and error estimates, and the ranking and plans built on them.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -17,9 +17,9 @@ pub struct ScoreConfig {
     pub alpha: f64,
     /// Weight of a new deviation sample (RFC 6298 uses 1/4).
     pub beta: f64,
-    /// Weight of a new outcome in the error EWMA.
+    /// Weight of a new outcome in the error and lateness EWMAs.
     pub error_alpha: f64,
-    /// Latency assumed for a peer never heard from.
+    /// Latency assumed for a peer never heard from when the transport knows no round trip to it.
     pub prior_latency: Duration,
     /// Score added for a peer that always fails.
     pub error_penalty: Duration,
@@ -27,6 +27,12 @@ pub struct ScoreConfig {
     pub explore_probability: f64,
     /// Peers tracked at most; others are ranked with the prior.
     pub max_peers: usize,
+    /// Extra requests (beyond a plan's first `fanout`) earned per request a plan needed: the
+    /// budget that pays for asking uncertain peers in parallel and for hedges.
+    pub extra_request_ratio: f64,
+    /// Most extra requests saved up; the budget starts full, so a cold client can afford to
+    /// discover its peers.
+    pub extra_request_reserve: f64,
 }
 
 impl Default for ScoreConfig {
@@ -39,6 +45,27 @@ impl Default for ScoreConfig {
             error_penalty: Duration::from_secs(5),
             explore_probability: 0.05,
             max_peers: 4096,
+            extra_request_ratio: 0.2,
+            extra_request_reserve: 32.0,
+        }
+    }
+}
+
+/// What the transport knows of the path to a candidate, before any request to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PathHint {
+    /// Whether a connection to the peer is up (this node itself always is).
+    pub reachable: bool,
+    /// The connection's smoothed round-trip time, if known.
+    pub rtt: Option<Duration>,
+}
+
+impl PathHint {
+    /// A peer with a live connection of round trip `rtt`.
+    pub fn connected(rtt: Duration) -> Self {
+        Self {
+            reachable: true,
+            rtt: Some(rtt),
         }
     }
 }
@@ -48,13 +75,17 @@ struct PeerStats {
     srtt_ms: f64,
     rttvar_ms: f64,
     error: f64,
+    /// EWMA of "not answered by its hedge delay": lateness, failures included.
+    late: f64,
 }
 
-/// Per-peer latency and error estimates, and the ranking built on them.
+/// Per-peer latency, lateness and error estimates, the ranking built on them, and the budget of
+/// extra requests plans share.
 #[derive(Debug, Clone)]
 pub struct PeerScores<P> {
     config: ScoreConfig,
     peers: HashMap<P, PeerStats>,
+    extra_tokens: f64,
 }
 
 impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
@@ -63,6 +94,7 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
         Self {
             config,
             peers: HashMap::new(),
+            extra_tokens: config.extra_request_reserve.max(0.0),
         }
     }
 
@@ -75,14 +107,17 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
         if !self.peers.contains_key(&peer) && self.peers.len() >= self.config.max_peers {
             return None;
         }
+        // As RFC 6298 initialises the RTT estimate with the first sample, the first outcome sets
+        // the lateness and error estimates outright; the caller's EWMA step then leaves them there.
         Some(self.peers.entry(peer).or_insert(PeerStats {
             srtt_ms: sample_ms,
             rttvar_ms: sample_ms / 2.0,
-            error: 0.0,
+            error: f64::NAN,
+            late: f64::NAN,
         }))
     }
 
-    fn observe(&mut self, peer: P, sample: Duration, failed: bool) {
+    fn observe(&mut self, peer: P, sample: Duration, failed: bool, late: bool) {
         let (alpha, beta, error_alpha) =
             (self.config.alpha, self.config.beta, self.config.error_alpha);
         let sample_ms = sample.as_secs_f64() * 1e3;
@@ -90,32 +125,71 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
             stats.rttvar_ms =
                 (1.0 - beta) * stats.rttvar_ms + beta * (stats.srtt_ms - sample_ms).abs();
             stats.srtt_ms = (1.0 - alpha) * stats.srtt_ms + alpha * sample_ms;
-            let outcome = if failed { 1.0 } else { 0.0 };
-            stats.error = (1.0 - error_alpha) * stats.error + error_alpha * outcome;
+            stats.error = ewma(stats.error, error_alpha, failed);
+            stats.late = ewma(stats.late, error_alpha, failed || late);
         }
     }
 
-    /// `peer` answered after `latency`.
+    /// `peer` answered after `latency`, before its hedge delay.
     pub fn record_success(&mut self, peer: P, latency: Duration) {
-        self.observe(peer, latency, false);
+        self.observe(peer, latency, false, false);
+    }
+
+    /// `peer` answered after `latency`, later than its hedge delay: the answer counts, but the
+    /// peer was late.
+    pub fn record_late_success(&mut self, peer: P, latency: Duration) {
+        self.observe(peer, latency, false, true);
     }
 
     /// `peer` failed after `elapsed` (an error or a timeout).
     pub fn record_failure(&mut self, peer: P, elapsed: Duration) {
-        self.observe(peer, elapsed, true);
+        self.observe(peer, elapsed, true, true);
     }
 
-    /// `peer` had not answered after `elapsed` when its request was cancelled. Only a sample worse
-    /// than its current estimate is news: the true latency is at least `elapsed`.
-    pub fn record_unanswered(&mut self, peer: P, elapsed: Duration) {
-        if elapsed > self.expected_latency(peer) {
-            let sample_ms = elapsed.as_secs_f64() * 1e3;
-            let alpha = self.config.alpha;
-            if let Some(stats) = self.entry(peer, sample_ms) {
-                stats.rttvar_ms =
-                    (1.0 - alpha) * stats.rttvar_ms + alpha * (stats.srtt_ms - sample_ms).abs();
-                stats.srtt_ms = (1.0 - alpha) * stats.srtt_ms + alpha * sample_ms;
+    /// `peer` had not answered after `elapsed`, either when a plan passed its hedge delay
+    /// (`late`) or when its request was cancelled. Its true latency is at least `elapsed`, so the
+    /// estimate is raised to that lower bound at once (a censored sample), rather than averaged
+    /// in: a peer that stops answering sinks in the ranking after one late request, not eight.
+    pub fn record_unanswered(&mut self, peer: P, elapsed: Duration, late: bool) {
+        let sample_ms = elapsed.as_secs_f64() * 1e3;
+        let known = self.peers.contains_key(&peer);
+        if !known && !late {
+            // Cancelled before it was due: nothing is known of it yet.
+            return;
+        }
+        let error_alpha = self.config.error_alpha;
+        if let Some(stats) = self.entry(peer, sample_ms) {
+            if sample_ms > stats.srtt_ms {
+                stats.rttvar_ms = stats.rttvar_ms.max((sample_ms - stats.srtt_ms) / 2.0);
+                stats.srtt_ms = sample_ms;
             }
+            if late {
+                stats.late = ewma(stats.late, error_alpha, true);
+            }
+            if stats.error.is_nan() {
+                stats.error = 0.0;
+            }
+        }
+    }
+
+    /// The outcome of a request followed up after its plan was done: answered at `answered`
+    /// (`true` if it succeeded; `None`: nothing heard), sent at `sent`, due at `due`. An answer
+    /// by then is a timely sample, a later one a late sample, silence a late one censored at
+    /// `due`, an error a failure.
+    pub fn record_follow_up(
+        &mut self,
+        peer: P,
+        sent: Instant,
+        due: Instant,
+        answered: Option<(Instant, bool)>,
+    ) {
+        match answered {
+            Some((at, true)) if at <= due => {
+                self.record_success(peer, at.saturating_duration_since(sent))
+            }
+            Some((at, true)) => self.record_late_success(peer, at.saturating_duration_since(sent)),
+            Some((at, false)) => self.record_failure(peer, at.saturating_duration_since(sent)),
+            None => self.record_unanswered(peer, due.saturating_duration_since(sent), true),
         }
     }
 
@@ -140,6 +214,29 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
         self.peers.get(&peer).map_or(0.0, |stats| stats.error)
     }
 
+    /// The probability that `peer` answers by its hedge delay: one minus its lateness EWMA, or
+    /// even odds for a stranger. (The share of timely peers among those measured so far would be
+    /// a biased guess: fast peers are measured first, slow ones only once they are due.)
+    pub fn timely(&self, peer: P) -> f64 {
+        self.peers
+            .get(&peer)
+            .map_or(STRANGER_TIMELY, |stats| 1.0 - stats.late)
+    }
+
+    /// Extra requests the budget allows now.
+    pub fn extra_budget(&self) -> usize {
+        self.extra_tokens.max(0.0).floor() as usize
+    }
+
+    /// Settles a finished plan with the budget: its first `fanout` requests earn their share,
+    /// every request it made beyond them costs one (the retry budget of gRPC and Finagle).
+    pub fn settle(&mut self, fanout: usize, asked: usize) {
+        let earned = self.config.extra_request_ratio.max(0.0) * fanout as f64;
+        let spent = asked.saturating_sub(fanout) as f64;
+        let reserve = self.config.extra_request_reserve.max(0.0);
+        self.extra_tokens = (self.extra_tokens + earned - spent).clamp(-reserve, reserve);
+    }
+
     /// The ranking key of `peer` in milliseconds: lower is better.
     pub fn score_ms(&self, peer: P) -> f64 {
         let penalty_ms = self.config.error_penalty.as_secs_f64() * 1e3;
@@ -149,28 +246,75 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
         }
     }
 
-    /// `candidates` best first, ties in random order, each with its hedge delay (tail estimate).
-    pub fn rank(&self, candidates: &[P], rng: &mut impl RngCore) -> Vec<Candidate<P>> {
-        let mut ranked: Vec<P> = candidates.to_vec();
-        ranked.sort();
-        ranked.dedup();
-        ranked.shuffle(rng);
-        ranked.sort_by(|a, b| self.score_ms(*a).total_cmp(&self.score_ms(*b)));
-        ranked
-            .into_iter()
-            .map(|peer| Candidate {
-                peer,
-                hedge_after: self.tail_latency(peer),
+    /// The typical time a known peer takes beyond its path's round trip (the lower median of
+    /// `srtt − rtt` over the candidates with both), zero when none is known.
+    fn service_ms(&self, candidates: &[(P, PathHint)]) -> f64 {
+        let mut service: Vec<f64> = candidates
+            .iter()
+            .filter_map(|(peer, hint)| {
+                let stats = self.peers.get(peer)?;
+                let rtt_ms = hint.rtt?.as_secs_f64() * 1e3;
+                (stats.late < 0.5).then_some((stats.srtt_ms - rtt_ms).max(0.0))
             })
-            .collect()
+            .collect();
+        if service.is_empty() {
+            return 0.0;
+        }
+        service.sort_by(f64::total_cmp);
+        service[(service.len() - 1) / 2]
+    }
+
+    /// `candidates` best first, ties in random order, each with its hedge delay (tail estimate)
+    /// and its timeliness. The order is by expected cost: the score, plus the hedge delay
+    /// weighted by the chance of being late, so a known timely peer goes before a closer
+    /// stranger that may well be slow. A stranger the transport knows a round trip to is expected at that
+    /// round trip plus the typical service time of known peers, and hedged at twice that (a
+    /// reply later than twice its path's expected time is late); an unreachable candidate
+    /// comes last, with no chance of answering in time.
+    pub fn rank(&self, candidates: &[(P, PathHint)], rng: &mut impl RngCore) -> Vec<Candidate<P>> {
+        let mut ranked: Vec<(P, PathHint)> = candidates.to_vec();
+        ranked.sort_by_key(|(peer, _)| *peer);
+        ranked.dedup_by_key(|(peer, _)| *peer);
+        ranked.shuffle(rng);
+        let service_ms = self.service_ms(&ranked);
+        let mut scored: Vec<(f64, Candidate<P>)> = ranked
+            .into_iter()
+            .map(|(peer, hint)| {
+                let (score, hedge_after, timely) = match (self.peers.contains_key(&peer), hint.rtt)
+                {
+                    (false, Some(rtt)) => {
+                        let expected_ms = rtt.as_secs_f64() * 1e3 + service_ms;
+                        (expected_ms, millis(2.0 * expected_ms), STRANGER_TIMELY)
+                    }
+                    _ => (
+                        self.score_ms(peer),
+                        self.tail_latency(peer),
+                        self.timely(peer),
+                    ),
+                };
+                // What asking it is expected to cost: its latency, plus, with the chance that it
+                // is late, the hedge delay spent waiting on it before someone else is asked.
+                let cost = score + (1.0 - timely) * hedge_after.as_secs_f64() * 1e3;
+                let candidate = Candidate {
+                    peer,
+                    hedge_after,
+                    timely: if hint.reachable { timely } else { 0.0 },
+                    reachable: hint.reachable,
+                };
+                (if hint.reachable { cost } else { f64::INFINITY }, candidate)
+            })
+            .collect();
+        scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+        scored.into_iter().map(|(_, candidate)| candidate).collect()
     }
 
     /// Builds the plan for one request: ranked candidates for a hedged plan (with an exploration
-    /// peer drawn with `explore_probability`), the given order for the others.
+    /// peer drawn with `explore_probability`, and as many extra first asks as the budget allows),
+    /// the given order for the others.
     pub fn plan(
         &self,
         config: QuorumConfig,
-        candidates: &[P],
+        candidates: &[(P, PathHint)],
         now: Instant,
         rng: &mut impl RngCore,
     ) -> Result<QuorumPlan<P>, QuorumError> {
@@ -181,10 +325,12 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
             let mut seen = std::collections::HashSet::new();
             candidates
                 .iter()
-                .filter(|peer| seen.insert(**peer))
-                .map(|peer| Candidate {
+                .filter(|(peer, _)| seen.insert(*peer))
+                .map(|(peer, hint)| Candidate {
                     peer: *peer,
                     hedge_after: self.tail_latency(*peer),
+                    timely: self.timely(*peer),
+                    reachable: hint.reachable,
                 })
                 .collect()
         };
@@ -192,7 +338,20 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
             && ordered.len() > config.fanout
             && rng.random_bool(self.config.explore_probability.clamp(0.0, 1.0));
         let explore_index = explore.then(|| rng.random_range(config.fanout..ordered.len()));
-        QuorumPlan::new(config, ordered, explore_index, now)
+        Ok(QuorumPlan::new(config, ordered, explore_index, now)?.with_spare(self.extra_budget()))
+    }
+}
+
+/// One EWMA step towards `event`; a first sample (`NaN` before it) sets the average outright.
+/// The chance that a peer never measured answers in time.
+const STRANGER_TIMELY: f64 = 0.5;
+
+fn ewma(value: f64, alpha: f64, event: bool) -> f64 {
+    let sample = if event { 1.0 } else { 0.0 };
+    if value.is_nan() {
+        sample
+    } else {
+        (1.0 - alpha) * value + alpha * sample
     }
 }
 
@@ -211,6 +370,107 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// Reachable peers the transport knows no round trip to.
+    fn reachable(peers: &[u32]) -> Vec<(u32, PathHint)> {
+        let hint = PathHint {
+            reachable: true,
+            rtt: None,
+        };
+        peers.iter().map(|peer| (*peer, hint)).collect()
+    }
+
+    fn order(candidates: &[Candidate<u32>]) -> Vec<u32> {
+        candidates.iter().map(|c| c.peer).collect()
+    }
+
+    #[test]
+    fn strangers_rank_by_their_paths_and_unreachable_peers_come_last() {
+        let scores = PeerScores::<u32>::new(ScoreConfig::default());
+        let mut rng = SmallRng::seed_from_u64(3);
+        let candidates = [
+            (0, PathHint::connected(ms(300))),
+            (1, PathHint::default()),
+            (2, PathHint::connected(ms(40))),
+            (3, PathHint::connected(ms(90))),
+        ];
+        let ranked = scores.rank(&candidates, &mut rng);
+        assert_eq!(order(&ranked), vec![2, 3, 0, 1]);
+        assert_eq!(
+            ranked[0].hedge_after,
+            ms(80),
+            "twice the expected round trip"
+        );
+        assert!(!ranked[3].reachable);
+        assert_eq!(ranked[3].timely, 0.0);
+        assert_eq!(ranked[0].timely, 0.5, "nothing known of anyone yet");
+    }
+
+    #[test]
+    fn one_late_request_sinks_a_peer_below_strangers_at_once() {
+        let mut scores = PeerScores::<u32>::new(ScoreConfig::default());
+        let mut rng = SmallRng::seed_from_u64(4);
+        for _ in 0..10 {
+            scores.record_success(0, ms(45));
+            scores.record_success(1, ms(50));
+        }
+        // Peer 0 stops answering: its first request late past 100 ms is enough.
+        scores.record_unanswered(0, ms(100), true);
+        assert_eq!(scores.expected_latency(0), ms(100));
+        assert!(scores.timely(0) < scores.timely(1));
+        let candidates = [
+            (0, PathHint::connected(ms(40))),
+            (1, PathHint::connected(ms(40))),
+            (2, PathHint::connected(ms(45))),
+        ];
+        assert_eq!(order(&scores.rank(&candidates, &mut rng)), vec![1, 2, 0]);
+        // A cancelled request that was neither late nor beyond the estimate is no news.
+        let before = scores.expected_latency(1);
+        scores.record_unanswered(1, ms(20), false);
+        assert_eq!(scores.expected_latency(1), before);
+        assert!(scores.timely(1) > 0.9);
+    }
+
+    #[test]
+    fn uncertain_peers_are_asked_in_parallel_within_the_budget() {
+        let config = QuorumConfig::hedged(1, ms(1000));
+        let t0 = Instant::now();
+        let mut rng = SmallRng::seed_from_u64(5);
+        let candidates: Vec<(u32, PathHint)> = (0..20)
+            .map(|peer| (peer, PathHint::connected(ms(10 + u64::from(peer)))))
+            .collect();
+        // Strangers at one half each: seven of them give a 99% chance of one answer in time.
+        let mut scores = PeerScores::<u32>::new(ScoreConfig {
+            explore_probability: 0.0,
+            ..ScoreConfig::default()
+        });
+        let mut plan = scores.plan(config, &candidates, t0, &mut rng).unwrap();
+        let asked: Vec<u32> = std::iter::from_fn(|| plan.poll_ask(t0)).collect();
+        assert_eq!(asked, (0..7).collect::<Vec<_>>());
+        // Known timely peers need no company.
+        for _ in 0..30 {
+            scores.record_success(0, ms(12));
+        }
+        let mut plan = scores.plan(config, &candidates, t0, &mut rng).unwrap();
+        assert_eq!(std::iter::from_fn(|| plan.poll_ask(t0)).count(), 1);
+        // An empty budget asks the fanout alone, whatever is known.
+        let mut broke = PeerScores::<u32>::new(ScoreConfig {
+            explore_probability: 0.0,
+            extra_request_reserve: 0.0,
+            ..ScoreConfig::default()
+        });
+        let mut plan = broke.plan(config, &candidates, t0, &mut rng).unwrap();
+        assert_eq!(std::iter::from_fn(|| plan.poll_ask(t0)).count(), 1);
+        // Extra requests are paid for; plans that need none earn the budget back.
+        scores.settle(1, 7);
+        assert_eq!(scores.extra_budget(), 26);
+        for _ in 0..10 {
+            scores.settle(1, 1);
+        }
+        assert_eq!(scores.extra_budget(), 28);
+        broke.settle(1, 1);
+        assert_eq!(broke.extra_budget(), 0);
+    }
+
     #[test]
     fn ranking_learns_slow_and_failing_peers_and_explores() {
         let mut scores = PeerScores::new(ScoreConfig {
@@ -222,15 +482,17 @@ mod tests {
             scores.record_success(0u32, ms(100));
             scores.record_success(1, ms(40));
             scores.record_failure(2, ms(5));
-            scores.record_unanswered(3, ms(1500));
+            scores.record_unanswered(3, ms(1500), true);
             scores.record_success(4, ms(60));
         }
         let ranked: Vec<u32> = scores
-            .rank(&[0, 1, 2, 3, 4], &mut rng)
+            .rank(&reachable(&[0, 1, 2, 3, 4]), &mut rng)
             .iter()
             .map(|c| c.peer)
             .collect();
-        assert_eq!(ranked, vec![1, 4, 0, 3, 2]);
+        // Both last two are useless; the one that fails at once wastes less time than the one
+        // that never answers in time.
+        assert_eq!(ranked, vec![1, 4, 0, 2, 3]);
         assert!(scores.tail_latency(1) >= scores.expected_latency(1));
         let config = QuorumConfig {
             policy: Policy::Hedged,
@@ -241,7 +503,9 @@ mod tests {
             attempt_timeout: ms(300),
         };
         let t0 = Instant::now();
-        let mut plan = scores.plan(config, &[0, 1, 2, 3, 4], t0, &mut rng).unwrap();
+        let mut plan = scores
+            .plan(config, &reachable(&[0, 1, 2, 3, 4]), t0, &mut rng)
+            .unwrap();
         let asked: Vec<u32> = std::iter::from_fn(|| plan.poll_ask(t0)).collect();
         assert_eq!(asked.len(), 3, "two best plus one exploration: {asked:?}");
         assert!(asked.contains(&1) && asked.contains(&4));
@@ -249,6 +513,6 @@ mod tests {
         for _ in 0..40 {
             scores.record_success(2, ms(10));
         }
-        assert_eq!(scores.rank(&[0, 1, 2], &mut rng)[0].peer, 2);
+        assert_eq!(scores.rank(&reachable(&[0, 1, 2]), &mut rng)[0].peer, 2);
     }
 }

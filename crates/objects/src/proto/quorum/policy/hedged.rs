@@ -1,12 +1,16 @@
-//! The best peers at once, hedging to the next-best when one is late or fails; done at quorum.
+//! The best peers at once, more of them while they are uncertain, hedging to the next-best when
+//! one is late or fails; done at quorum.
 
 use std::time::Instant;
 
 use super::Spread;
-use crate::proto::quorum::plan::{SlotState, Slots};
+use crate::proto::quorum::plan::{SlotState, Slots, CONFIDENCE};
 
-/// The best `fanout` peers (plus an exploration peer), the next-best asked for each late or failed
-/// one, at most `max_in_flight` out.
+/// The best `fanout` peers (plus an exploration peer), then, while the chance that the attempts in
+/// flight reach quorum in time is below [`CONFIDENCE`], the next-best too (at most `spare` of
+/// those); the next-best asked for each late or failed one; at most `max_in_flight` attempts out
+/// that are not late. A late attempt still counts if it answers, but no longer holds a place:
+/// when every attempt out is late, the plan keeps asking rather than wait on them.
 #[derive(Debug, Clone, Copy)]
 pub(in crate::proto::quorum) struct Hedged;
 
@@ -26,17 +30,18 @@ impl Spread for Hedged {
     fn expire(&self, _slots: &mut Slots, _now: Instant) {}
 
     fn next(&self, slots: &mut Slots, now: Instant) -> Option<usize> {
-        let in_flight = slots.in_flight();
         // A late peer is hedged once: from now on it no longer counts as a live attempt, so the
-        // rule below asks the next-best peer in its place.
+        // rules below ask the next-best peer in its place.
         for (index, state) in slots.states.iter_mut().enumerate() {
             if let SlotState::InFlight { sent, hedged } = state {
                 if !*hedged && now >= *sent + slots.hedge_after[index] {
                     *hedged = true;
+                    slots.newly_late.push(index);
                 }
             }
         }
-        if in_flight >= slots.config.max_in_flight {
+        let live = slots.live();
+        if live >= slots.config.max_in_flight {
             return None;
         }
         if let Some(index) = slots.explore {
@@ -48,12 +53,15 @@ impl Spread for Hedged {
         if next < slots.config.fanout {
             return Some(next);
         }
-        let live = slots
-            .states
-            .iter()
-            .filter(|state| matches!(state, SlotState::InFlight { hedged: false, .. }))
-            .count();
-        (live < slots.config.quorum.saturating_sub(slots.answers)).then_some(next)
+        let needed = slots.config.quorum.saturating_sub(slots.answers);
+        if live < needed {
+            return Some(next);
+        }
+        if slots.spare > 0 && slots.chance_of_quorum(needed) < CONFIDENCE {
+            slots.spare -= 1;
+            return Some(next);
+        }
+        None
     }
 
     fn attention_at(
