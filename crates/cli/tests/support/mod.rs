@@ -138,7 +138,9 @@ impl Cluster {
                     .arg(http.to_string())
                     .env("RUST_LOG", "warn")
                     .stdout(Stdio::null())
-                    .stderr(Stdio::null());
+                    .stderr(
+                        std::fs::File::create(dir.path().join(format!("n{index}.log"))).unwrap(),
+                    );
                 for (other, (_, other_id, other_udp, _)) in planned.iter().enumerate() {
                     if other != index {
                         command.arg("--peer").arg(format!("{other_id}@{other_udp}"));
@@ -163,14 +165,18 @@ impl Cluster {
     /// Node `index`'s token file, once the node has written it and answers with it.
     pub fn token_file(&self, index: usize) -> PathBuf {
         let path = self.members[index].data_dir.join("http-token");
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(token) = std::fs::read_to_string(&path) {
                 if let Ok((200, _)) = get(self.members[index].http, "/status", Some(token.trim())) {
                     return path;
                 }
             }
-            assert!(Instant::now() < deadline, "node {index} did not start");
+            if Instant::now() >= deadline {
+                let log = std::fs::read_to_string(self.dir.path().join(format!("n{index}.log")))
+                    .unwrap_or_default();
+                panic!("node {index} did not start within 60 s; its log:\n{log}");
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
