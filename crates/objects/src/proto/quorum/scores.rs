@@ -200,12 +200,16 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
             .map_or(self.config.prior_latency, |stats| millis(stats.srtt_ms))
     }
 
-    /// The tail estimate of `peer`: `srtt + 4·rttvar`, or the prior for a stranger.
+    /// The tail estimate of `peer`: `srtt + max(4·rttvar, srtt/4)`, or the prior for a stranger.
+    /// As RFC 6298 keeps the RTO at least a clock granularity above SRTT, the tail stays a
+    /// quarter above the mean: a steady peer's deviation decays towards zero, and without the
+    /// floor any answer a few milliseconds slower than usual (another key, another disk read)
+    /// would count as late.
     pub fn tail_latency(&self, peer: P) -> Duration {
         self.peers
             .get(&peer)
             .map_or(self.config.prior_latency, |stats| {
-                millis(stats.srtt_ms + 4.0 * stats.rttvar_ms)
+                millis(stats.srtt_ms + (4.0 * stats.rttvar_ms).max(stats.srtt_ms / 4.0))
             })
     }
 
