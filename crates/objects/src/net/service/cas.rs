@@ -194,9 +194,44 @@ impl ObjectService {
         let quorum = self.inner.config.write_quorum.min(replicas.len()).max(1);
         let prepare = Phase::Prepare(precondition);
         let prepared = Arc::new(Tally::default());
-        let acks = self
-            .cas_phase(key, stamp, prepare, content, &replicas, &prepared)
-            .await?;
+        // Lock ordering: every coordinator prepares the first reachable replica in placement order
+        // (the same for all of them) before the others, so that of two conditional writes racing
+        // on a key one gets through, instead of each holding some replicas and all failing with
+        // 409 (each coordinator's own replica answers it first). Only if that replica cannot be
+        // asked are all prepared at once.
+        let connected = self.inner.node.connected_peers();
+        let me = self.inner.node.peer_id();
+        let first = replicas
+            .iter()
+            .copied()
+            .find(|peer| *peer == me || connected.contains(peer));
+        let acks = match first {
+            Some(first) => {
+                let locked = self
+                    .cas_phase(key, stamp, prepare, content.clone(), &[first], 1, &prepared)
+                    .await?;
+                let contended = prepared.busy.load(Ordering::Relaxed) > 0
+                    || prepared.mismatches.load(Ordering::Relaxed) > 0;
+                if contended {
+                    0
+                } else {
+                    let rest: Vec<PeerId> = replicas
+                        .iter()
+                        .copied()
+                        .filter(|peer| locked == 0 || *peer != first)
+                        .collect();
+                    let needed = quorum - locked;
+                    locked
+                        + self
+                            .cas_phase(key, stamp, prepare, content, &rest, needed, &prepared)
+                            .await?
+                }
+            }
+            None => {
+                self.cas_phase(key, stamp, prepare, content, &replicas, quorum, &prepared)
+                    .await?
+            }
+        };
         if acks < quorum {
             // Nothing was applied anywhere: release whatever was prepared.
             let service = self.clone();
@@ -204,7 +239,15 @@ impl ObjectService {
             tokio::spawn(async move {
                 let ignored = Arc::new(Tally::default());
                 let _ = service
-                    .cas_phase(&key, stamp, Phase::Abort, Bytes::new(), &all, &ignored)
+                    .cas_phase(
+                        &key,
+                        stamp,
+                        Phase::Abort,
+                        Bytes::new(),
+                        &all,
+                        all.len(),
+                        &ignored,
+                    )
                     .await;
             });
             let current = *lock(&prepared.current);
@@ -231,6 +274,7 @@ impl ObjectService {
                 Phase::Commit,
                 Bytes::new(),
                 &replicas,
+                quorum,
                 &committed,
             )
             .await?;
@@ -249,8 +293,9 @@ impl ObjectService {
         })
     }
 
-    /// Sends one phase to every replica at once; returns the `Done` answers counted before W of
-    /// them arrived or the deadline passed (the rest finish in the background).
+    /// Sends one phase to every replica in `replicas` at once; returns the `Done` answers counted
+    /// before `needed` of them arrived or the deadline passed (the rest finish in the background).
+    #[allow(clippy::too_many_arguments)]
     async fn cas_phase(
         &self,
         key: &str,
@@ -258,9 +303,11 @@ impl ObjectService {
         phase: Phase,
         content: Bytes,
         replicas: &[PeerId],
+        needed: usize,
         tally: &Arc<Tally>,
     ) -> Result<usize, ObjectServiceError> {
-        let config = self.write_plan(replicas.len());
+        let mut config = self.write_plan(replicas.len());
+        config.quorum = needed.clamp(1, replicas.len().max(1));
         let clock = self.tick().map_err(ObjectServiceError::Clock)?;
         let mut message = cas::encode_cas_header(clock, phase, key, &stamp);
         message.extend_from_slice(&content);

@@ -104,8 +104,12 @@ impl ObjectService {
         winner: Stamp,
         copies: &[(PeerId, Fetched<Bytes>)],
     ) -> Result<StoredObject, ObjectServiceError> {
+        // A copy that wins over the quorum's winner was written (acknowledged or not) after the
+        // quorum answered: serving it is as good as serving the winner, and better than a 502.
+        let current =
+            |stamp: Stamp| stamp == winner || crate::proto::entropy::wins(&stamp, &winner);
         if let Some(local) = self.inner.store.get(key)? {
-            if local.stamp == winner {
+            if current(local.stamp) {
                 return Ok(local);
             }
         }
@@ -134,7 +138,7 @@ impl ObjectService {
                 content: Some(range),
             }) = answer.answer
             {
-                if stamp == winner && self.accept_answer(*peer, answer.clock, None).is_ok() {
+                if current(stamp) && self.accept_answer(*peer, answer.clock, None).is_ok() {
                     return Ok(StoredObject {
                         stamp,
                         content: reply.slice(range),
