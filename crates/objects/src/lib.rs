@@ -53,7 +53,9 @@
 //!   read later (Dynamo's semantics: retry with the same content, or read to find out).
 //! - Compare-and-set (`PUT` with `If-Match` / `If-None-Match: *`, [`proto::cas`]): two phases.
 //!   Every replica is asked to *prepare* (check the precondition against its store, and hold the
-//!   copy unless another conditional write is pending on the key); at W prepares every replica is
+//!   copy unless another conditional write is pending on the key): first the first reachable
+//!   replica in placement order, the same for every coordinator, then the others at once (lock
+//!   ordering: of conditional writes racing on a key, one gets through); at W prepares every replica is
 //!   asked to *commit* (apply the held copy if the precondition still holds, in one store
 //!   transaction), and `201` comes at W commits. Short of W prepares, every replica is told to
 //!   *abort*, and nothing was written: `412` if a replica's copy did not match, `409` if only
