@@ -26,7 +26,7 @@
 //!   still in flight then finish in the background, so every live replica ends up with the copy.
 //!   Fewer than W acks by the deadline is [`ObjectServiceError::WriteUnconfirmed`]: the outcome is
 //!   unknown, since the replicas that got the copy keep it and a later read may return it.
-//! - **Read** (`get`): a [`QuorumPlan`](crate::proto::quorum::QuorumPlan) (policy from the
+//! - **Read** (`get`): a [`QuorumPlan`] (policy from the
 //!   configuration, hedged by default) asks replicas for *metadata* (version and hash) and returns
 //!   at quorum. An answer whose clock or version is beyond the accepted skew counts as that
 //!   replica's failure, never as a copy. The copies are merged ([`merge`](crate::proto::object::merge): version, then trust =
