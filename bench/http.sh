@@ -69,7 +69,7 @@ wrk -t2 -c250 -d"${duration}s" --latency "$base/objects/big"
 echo "node peak RSS (VmHWM) after 250 clients on the 5 MB object: $(grep VmHWM /proc/$pid/status | awk '{print $2, $3}')"
 kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; pid=""
 
-echo "== 3-node cluster (R=3, W=2, read quorum 2)"
+echo "-- 3-node cluster (R=3, W=2, read quorum 2)"
 cat > "$work/cluster.toml" <<TOML
 [objects]
 replication = 3
@@ -109,7 +109,7 @@ echo "node 0 connected to $connected of 2 replicas"
 curl -fs -X PUT --data-binary @"$work/wallet" "$front/objects/wallet" >/dev/null
 curl -fs "$front/objects/wallet" | cmp - "$work/wallet"
 
-echo "== 3 nodes: quorum GET 4 KiB object through node 0: wrk -t2 -c10 -d${duration}s --latency"
+echo "== 3 nodes (R=3, W=2, read quorum 2), quorum GET 4 KiB through one node: wrk -t2 -c10 -d${duration}s --latency"
 wrk -t2 -c10 -d"${duration}s" --latency "$front/objects/wallet"
 
 cat > "$work/put.lua" <<'LUA'
@@ -123,5 +123,5 @@ request = function()
   return wrk.format(nil, "/objects/put-" .. counter % 1000)
 end
 LUA
-echo "== 3 nodes: PUT 4 KiB objects through node 0 (W=2): wrk -t2 -c10 -d${duration}s --latency"
+echo "== 3 nodes (R=3, W=2), PUT 4 KiB through one node: wrk -t2 -c10 -d${duration}s --latency"
 WALLET="$work/wallet" wrk -t2 -c10 -d"${duration}s" --latency -s "$work/put.lua" "$front"
