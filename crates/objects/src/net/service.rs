@@ -55,10 +55,6 @@ use meshwire::protocols::{
     OBJECT_CAS as CAS, OBJECT_FETCH as FETCH, OBJECT_STORE as STORE, OBJECT_SYNC as SYNC,
 };
 use meshwire::{HandlerError, Node, PeerId, SubscribeError};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
@@ -67,12 +63,14 @@ use super::store::{Store, StoreError, StoredObject};
 mod cas;
 mod drive;
 mod entropy;
+mod metrics;
 mod read;
 mod serve;
 
 pub use drive::ReplicaError;
 use drive::{drive, now, Leftover};
 pub use entropy::{RoundReport, IN_FLIGHT, MAX_TRANSFER_BYTES, PULL_BATCH};
+use metrics::{DirectionLabel, ObjectMetrics, OutcomeLabel, ReasonLabel};
 
 /// Settings of the object service.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -301,65 +299,6 @@ pub struct FetchResult {
     pub copies: Vec<(PeerId, Fetched<Bytes>)>,
     /// How the plan ended.
     pub outcome: Outcome,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OutcomeLabel {
-    outcome: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabel {
-    reason: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DirectionLabel {
-    direction: &'static str,
-}
-
-#[derive(Debug)]
-struct ObjectMetrics {
-    reads: Family<OutcomeLabel, Counter>,
-    writes: Family<OutcomeLabel, Counter>,
-    read_seconds: Histogram,
-    write_seconds: Histogram,
-    repairs: Counter,
-    requests_per_read: Counter,
-    refused_requests: Family<ReasonLabel, Counter>,
-    refused_answers: Family<ReasonLabel, Counter>,
-    entropy_rounds: Counter,
-    entropy_exchanges: Family<OutcomeLabel, Counter>,
-    entropy_repaired: Family<DirectionLabel, Counter>,
-    entropy_sent_bytes: Counter,
-    entropy_received_bytes: Counter,
-    entropy_errors: Family<ReasonLabel, Counter>,
-    entropy_scan_seconds: Histogram,
-}
-
-impl Default for ObjectMetrics {
-    fn default() -> Self {
-        // 0.1 ms to about 3.3 s: a loopback read to one past the default deadline; a scan of the
-        // store's headers for anti-entropy too.
-        let buckets = || Histogram::new(exponential_buckets(0.0001, 2.0, 16));
-        Self {
-            reads: Family::default(),
-            writes: Family::default(),
-            read_seconds: buckets(),
-            write_seconds: buckets(),
-            repairs: Counter::default(),
-            requests_per_read: Counter::default(),
-            refused_requests: Family::default(),
-            refused_answers: Family::default(),
-            entropy_rounds: Counter::default(),
-            entropy_exchanges: Family::default(),
-            entropy_repaired: Family::default(),
-            entropy_sent_bytes: Counter::default(),
-            entropy_received_bytes: Counter::default(),
-            entropy_errors: Family::default(),
-            entropy_scan_seconds: buckets(),
-        }
-    }
 }
 
 /// How a service is started besides its [`ObjectConfig`].
