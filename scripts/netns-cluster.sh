@@ -42,21 +42,8 @@ command -v python3 >/dev/null 2>&1 || netns_skip "no 'python3' command"
 nodes=5
 config=deploy/config/meshwire.toml
 mbit=${NETNS_CLUSTER_MBIT:-100}
-work=$(mktemp -d /tmp/mwc.XXXXXX)
-cleanup() {
-  netns_cleanup
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-if [ -n "${MESHWIRE:-}" ]; then
-  bin=$MESHWIRE
-else
-  echo "== building meshwire (release)"
-  cargo build --release --locked --quiet -p meshwire-cli
-  bin="${CARGO_TARGET_DIR:-target}/release/meshwire"
-fi
+netns_workdir mwc
+netns_meshwire
 
 started_all=$(date +%s%3N)
 failures=0

@@ -40,21 +40,8 @@ source scripts/lib/netns.sh
 prefix="mwl$$"
 netns_require netns-lab "$prefix"
 
-work=$(mktemp -d /tmp/mwl.XXXXXX)
-cleanup() {
-  netns_cleanup
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-if [ -n "${MESHWIRE:-}" ]; then
-  bin=$MESHWIRE
-else
-  echo "== building meshwire (release)"
-  cargo build --release --locked --quiet -p meshwire-cli
-  bin="${CARGO_TARGET_DIR:-target}/release/meshwire"
-fi
+netns_workdir mwl
+netns_meshwire
 skip_list=${NETNS_LAB_SKIP-"xx-team/compute-bound/meshwire"}
 only_list=${NETNS_LAB_ONLY:-}
 tolerance=${NETNS_LAB_TOLERANCE:-0.1}

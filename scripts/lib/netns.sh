@@ -78,3 +78,22 @@ netns_cleanup() {
   done
   NETNS_NAMESPACES=()
 }
+
+# Sets `work` to a fresh directory /tmp/TAG.XXXXXX; at exit, also on a signal, every namespace
+# made so far and that directory are removed.
+netns_workdir() { # tag
+  work=$(mktemp -d "/tmp/$1.XXXXXX")
+  trap 'netns_cleanup; rm -rf "$work"' EXIT
+  trap 'exit 130' INT TERM
+}
+
+# Sets `bin` to the meshwire binary: $MESHWIRE if given, else a release build of this checkout.
+netns_meshwire() {
+  if [ -n "${MESHWIRE:-}" ]; then
+    bin=$MESHWIRE
+  else
+    echo "== building meshwire (release)"
+    cargo build --release --locked --quiet -p meshwire-cli
+    bin="${CARGO_TARGET_DIR:-target}/release/meshwire"
+  fi
+}
