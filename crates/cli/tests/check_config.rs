@@ -3,7 +3,9 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_meshwire");
+mod support;
+
+use support::{peer_id, BIN};
 
 fn check(config: &Path, data_dir: &Path) -> Output {
     Command::new(BIN)
@@ -14,16 +16,6 @@ fn check(config: &Path, data_dir: &Path) -> Output {
         .env("RUST_LOG", "error")
         .output()
         .unwrap()
-}
-
-fn peer_id(data_dir: &Path) -> String {
-    let output = Command::new(BIN)
-        .args(["id", "--data-dir"])
-        .arg(data_dir)
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    String::from_utf8(output.stdout).unwrap().trim().to_string()
 }
 
 #[test]

@@ -6,7 +6,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_meshwire");
+mod support;
+
+use support::{peer_id, BIN};
 
 fn free_udp() -> SocketAddr {
     UdpSocket::bind("127.0.0.1:0")
@@ -20,16 +22,6 @@ fn free_tcp() -> SocketAddr {
         .unwrap()
         .local_addr()
         .unwrap()
-}
-
-fn peer_id(data_dir: &std::path::Path) -> String {
-    let output = Command::new(BIN)
-        .args(["id", "--data-dir"])
-        .arg(data_dir)
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    String::from_utf8(output.stdout).unwrap().trim().to_string()
 }
 
 struct Killed(Child);

@@ -1,5 +1,5 @@
-//! `meshwire node` processes on loopback for the dashboard and `meshwire status` tests: every node
-//! requires the HTTP token (also on loopback), so every check also checks the token path.
+//! `meshwire node` processes on loopback for the CLI tests (the dashboard and `meshwire status` ones
+//! start clusters whose nodes all require the HTTP token, so every check also checks the token path).
 
 #![allow(dead_code)] // Each test file uses its own part of the helpers.
 
