@@ -158,6 +158,7 @@ pub struct FileObjects {
     pub deadline_ms: Option<u64>,
     pub max_clock_skew_ms: Option<u64>,
     pub anti_entropy_interval_ms: Option<u64>,
+    pub store_memory_bytes: Option<usize>,
     #[serde(default)]
     pub members: Vec<String>,
 }
@@ -184,6 +185,8 @@ pub struct Settings {
     pub http_limits: HttpLimits,
     pub http_auth: HttpAuth,
     pub objects: meshwire_objects::net::ObjectConfig,
+    /// The store's memory budget (redb's page cache and the object cache).
+    pub store_memory_bytes: usize,
     /// The object cluster's other members (this node is always one).
     pub members: Vec<PeerId>,
     transport: FileTransport,
@@ -257,6 +260,10 @@ impl Settings {
             http_limits,
             http_auth,
             objects,
+            store_memory_bytes: file
+                .objects
+                .store_memory_bytes
+                .unwrap_or(meshwire_objects::net::DEFAULT_STORE_MEMORY_BYTES),
             members,
             transport: file.transport,
         })

@@ -37,7 +37,7 @@ use super::http::serve::HttpMetrics;
 use super::service::{
     ObjectConfig, ObjectService, ObjectServiceError, PhysicalClock, ServiceOptions,
 };
-use super::store::{Store, StoreError, DEFAULT_CACHE_BYTES};
+use super::store::{Store, StoreError, DEFAULT_MEMORY_BYTES};
 
 /// The store's file in a data directory.
 pub const STORE_FILE: &str = "objects.redb";
@@ -105,7 +105,7 @@ pub enum DaemonError {
 pub struct DaemonBuilder {
     objects: ObjectConfig,
     data_dir: Option<PathBuf>,
-    cache_bytes: usize,
+    memory_bytes: usize,
     http: Option<SocketAddr>,
     options: ServiceOptions,
     http_limits: HttpLimits,
@@ -132,9 +132,10 @@ impl DaemonBuilder {
         self
     }
 
-    /// Bound of the store's in-memory cache of hot objects (default [`DEFAULT_CACHE_BYTES`]).
-    pub fn cache_bytes(mut self, bytes: usize) -> Self {
-        self.cache_bytes = bytes;
+    /// The store's memory budget: half for redb's page cache, half for the cache of hot objects
+    /// (default [`DEFAULT_MEMORY_BYTES`]; 0 turns both caches off).
+    pub fn store_memory_bytes(mut self, bytes: usize) -> Self {
+        self.memory_bytes = bytes;
         self
     }
 
@@ -221,10 +222,10 @@ impl DaemonBuilder {
                     source,
                 })?;
                 let path = dir.join(STORE_FILE);
-                Store::open(&path, self.cache_bytes)
+                Store::open(&path, self.memory_bytes)
                     .map_err(|source| DaemonError::Store { path, source })?
             }
-            None => Store::in_memory(self.cache_bytes).map_err(DaemonError::MemoryStore)?,
+            None => Store::in_memory(self.memory_bytes).map_err(DaemonError::MemoryStore)?,
         };
         let service = ObjectService::new(node, store, self.objects, self.options)?;
         register_start_time(service.node());
@@ -347,7 +348,7 @@ impl Daemon {
         DaemonBuilder {
             objects,
             data_dir: None,
-            cache_bytes: DEFAULT_CACHE_BYTES,
+            memory_bytes: DEFAULT_MEMORY_BYTES,
             http: None,
             options: ServiceOptions::default(),
             http_limits: HttpLimits::default(),
