@@ -64,6 +64,9 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<ExitCode> {
+    // Request bodies and objects of megabytes go back to the system when freed, so a node's RSS
+    // follows its working set (the store's memory budget, docs/node.md).
+    meshwire_alloc_count::map_large_allocations(1 << 20);
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -181,6 +181,20 @@ impl Cluster {
         }
     }
 
+    /// Node `index`'s resident set size (`VmRSS`), in bytes.
+    pub fn rss_bytes(&self, index: usize) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.members[index].child.id()))
+                .unwrap();
+        let kib: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|value| value.parse().ok())
+            .unwrap();
+        kib * 1024
+    }
+
     /// Node `index`'s token.
     pub fn token(&self, index: usize) -> String {
         std::fs::read_to_string(self.token_file(index))

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The object store's memory, disk use and crash restart, on one `meshwire node` (release build,
+# default settings: a cluster of one, `store_memory_bytes` 128 MiB) on loopback:
+#  1. `objects` PUTs of 8 MiB (default 128, 1.07 GB of content) with distinct random content,
+#     one at a time; RSS after 100 of them and the peak (VmHWM). Target (issue 19): RSS within
+#     the store's budget + 100 MB.
+#  2. The first half of the keys rewritten with new content; the store file's length and the
+#     disk blocks it occupies over the content it holds. Target: at most 1.3x.
+#  3. SIGKILL while a PUT is in flight, restart, and the time from the restart until `/status`
+#     answers; then every key read back and checked against the content last acknowledged.
+#     Target: at most 2 s.
+# Usage: bench/store.sh [objects]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+objects=${1:-128}
+
+cargo build --release --locked --quiet --bin meshwire
+bin=target/release/meshwire
+work=$(mktemp -d)
+pid=""
+cleanup() {
+  [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+port=$((20000 + RANDOM % 20000))
+start() {
+  RUST_LOG=warn "$bin" node --data-dir "$work/data" --listen "127.0.0.1:$port" \
+    --http "127.0.0.1:$((port + 1))" 2>>"$work/node.log" &
+  pid=$!
+}
+wait_up() {
+  for _ in $(seq 2000); do
+    curl -fs "http://127.0.0.1:$((port + 1))/status" >/dev/null 2>&1 && return 0
+    sleep 0.005
+  done
+  echo "node did not answer /status; its log:" >&2
+  cat "$work/node.log" >&2
+  return 1
+}
+rss_mb() { awk '$1 == "'"$1"':" { printf "%.0f", $2 / 1024 }' "/proc/$pid/status"; }
+
+start
+wait_up
+echo "== $objects PUTs of 8 MiB, one at a time"
+python3 - "$objects" "$((port + 1))" "$pid" "$work/sums" <<'PY'
+import hashlib, http.client, random, sys, time
+objects, port, pid, sums = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+def rss_mb():
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+def put(key, body):
+    conn.request("PUT", f"/objects/{key}", body=body)
+    response = conn.getresponse(); response.read()
+    if response.status != 201:
+        sys.exit(f"PUT {key}: {response.status}")
+digests = {}
+start = time.monotonic()
+for i in range(objects):
+    body = random.Random(i).randbytes(8 << 20)
+    put(f"obj-{i:04d}", body)
+    digests[f"obj-{i:04d}"] = hashlib.sha256(body).hexdigest()
+    if i + 1 == min(100, objects):
+        print(f"rss_after_{i + 1}_puts_mb {rss_mb():.0f}")
+elapsed = time.monotonic() - start
+print(f"put_seconds {elapsed:.1f}  ({objects * 8 / elapsed:.0f} MiB/s)")
+print(f"rss_after_puts_mb {rss_mb():.0f}")
+half = objects // 2
+for i in range(half):
+    body = random.Random(10_000 + i).randbytes(8 << 20)
+    put(f"obj-{i:04d}", body)
+    digests[f"obj-{i:04d}"] = hashlib.sha256(body).hexdigest()
+print(f"rewrote {half} keys")
+with open(sums, "w") as f:
+    for key, digest in sorted(digests.items()):
+        f.write(f"{key} {digest}\n")
+PY
+echo "rss_peak_mb $(rss_mb VmHWM)  (budget 128 MiB; target <= budget + 100 MB)"
+content=$(curl -fs "http://127.0.0.1:$((port + 1))/status" |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["store"]["content_bytes"])')
+file="$work/data/objects.redb"
+length=$(stat -c %s "$file")
+blocks=$(($(stat -c '%b * %B' "$file")))
+python3 - "$content" "$length" "$blocks" <<'PY'
+import sys
+content, length, blocks = map(int, sys.argv[1:])
+print(f"content_mb {content / 1e6:.0f}  file_length_mb {length / 1e6:.0f} ({length / content:.3f}x)"
+      f"  file_blocks_mb {blocks / 1e6:.0f} ({blocks / content:.3f}x)  (target <= 1.3x)")
+PY
+
+echo "== SIGKILL during a PUT, restart"
+python3 - "$((port + 1))" <<'PY' &
+import http.client, random, sys
+conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=60)
+try:
+    conn.request("PUT", "/objects/in-flight", body=random.Random(7).randbytes(8 << 20))
+    conn.getresponse().read()
+except OSError:
+    pass
+PY
+writer=$!
+sleep 0.05
+kill -9 "$pid"; wait "$pid" 2>/dev/null || true
+wait "$writer" 2>/dev/null || true
+t0=$(date +%s.%N)
+start
+wait_up
+t1=$(date +%s.%N)
+python3 -c "print(f'restart_to_status_seconds {$t1 - $t0:.2f}  (target <= 2 s)')"
+echo "rss_after_restart_mb $(rss_mb VmRSS)"
+python3 - "$((port + 1))" "$work/sums" <<'PY'
+import hashlib, http.client, sys
+conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=60)
+bad = 0
+lines = open(sys.argv[2]).read().split("\n")
+for line in filter(None, lines):
+    key, digest = line.split()
+    conn.request("GET", f"/objects/{key}")
+    response = conn.getresponse(); body = response.read()
+    if response.status != 200 or hashlib.sha256(body).hexdigest() != digest:
+        bad += 1
+print(f"acknowledged_objects_checked {len(list(filter(None, lines)))}  wrong_or_missing {bad}")
+sys.exit(1 if bad else 0)
+PY
