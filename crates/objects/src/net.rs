@@ -4,6 +4,7 @@ pub mod daemon;
 pub mod http;
 pub mod service;
 pub mod store;
+pub mod topics;
 
 pub use daemon::{Daemon, DaemonBuilder, DaemonError};
 pub use http::auth::{AuthError, HttpAuth, Token, TOKEN_FILE};
@@ -14,3 +15,7 @@ pub use service::{
     SystemClock, WriteOutcome,
 };
 pub use store::{Store, StoreError, StoredObject};
+pub use topics::{
+    EndReason, Published, Subscription, SubscriptionItem, TopicEvent, TopicInfo, TopicPolicy,
+    Topics, TopicsConfig, TopicsError,
+};
