@@ -11,14 +11,15 @@
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 when `Accept` prefers `application/openmetrics-text` |
 //! | `GET /dashboard` | the live dashboard, one static HTML page; served without the token (it holds no data) and reads it from `#token=` in its URL |
 //! | `GET /dashboard/data` | JSON `{now_unix_seconds, status, metrics}`: the `/status` body and every sample of the `/metrics` registry as `{name, labels, value}`, what the dashboard and `meshwire status` poll |
+//! | `GET /topics`, `POST /topics/{name}`, `GET /topics/{name}/events` | publish/subscribe, when the daemon runs topics: see [`topics`] |
 //!
 //! Errors are JSON `{"error": code, "message": text, ...}` with these statuses: `400 invalid_key`,
 //! `400 invalid_path` (a key that is not UTF-8), `400 bad_request` (other malformed requests),
-//! `400 invalid_precondition`, `401 unauthorized`, `404 not_found`, `404 no_route`, `405
+//! `400 invalid_precondition`, `400 invalid_topic`, `401 unauthorized`, `404 not_found`, `404 unknown_topic`, `404 no_route`, `405
 //! method_not_allowed`, `408 body_timeout`, `409 conflict`, `412 precondition_failed` (with
 //! `current_etag`), `413 too_large` (with `max_bytes`), `503 quorum_not_reached` (with `needed`,
 //! `reached`, `asked`; a write adds `superseded` and `outcome: "unknown"`), `503 busy` (with
-//! `Retry-After`), `502 content_unavailable`, `500 store_error`, `500 clock_exhausted`. Only a request hyper cannot parse at all (a malformed request line, raw
+//! `Retry-After`), `503 too_many_subscribers`, `503 shutting_down`, `503 publish_refused`, `502 content_unavailable`, `500 store_error`, `500 clock_exhausted`. Only a request hyper cannot parse at all (a malformed request line, raw
 //! non-UTF-8 bytes in the path rather than `%FF`, headers over its buffer) gets hyper's own empty
 //! `400`/`431` before the connection closes.
 //!
