@@ -1,6 +1,7 @@
 //! Topics over HTTP on real nodes on loopback: a publish on one node reaches the subscribers on
 //! the others, a subscriber that stops reading is dropped (and its connection cut) while the
-//! others keep receiving, bad requests get JSON errors, shutdown ends the streams.
+//! others keep receiving, bad requests get JSON errors, a peer's bad messages are rejected,
+//! streams hold no request slot, shutdown ends the streams.
 #![cfg(feature = "net")]
 
 mod support;
@@ -9,12 +10,14 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use meshwire_gossip::proto::Relay;
+use meshwire::{Keypair, Node, NodeConfig};
+use meshwire_gossip::proto::{ClassPolicy, GossipConfig, Relay};
+use meshwire_gossip::{GossipService, GossipSettings};
 use meshwire_objects::net::{
     Daemon, DaemonError, EndReason, HttpAuth, HttpLimits, ObjectConfig, SubscriptionItem,
     TopicPolicy, TopicsConfig, TopicsError,
 };
-use meshwire_objects::proto::topic::{class_of, TopicName};
+use meshwire_objects::proto::topic::{class_of, Envelope, TopicName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -582,4 +585,113 @@ async fn bad_topic_settings_are_refused_at_start() {
         matches!(error, DaemonError::SubscribersOverConnections { .. }),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn messages_from_a_peer_with_a_wrong_envelope_are_rejected_and_never_delivered() {
+    let daemon = start(topics(8, 4), HttpLimits::default(), HttpAuth::default()).await;
+    let topics = daemon.topics().unwrap().clone();
+    let class = topics.topics()["news"].class;
+    let mut subscription = topics.subscribe("news", None).unwrap();
+    // A peer that speaks gossip on the class of `news` and sends whatever it likes.
+    let peer = Node::bind(NodeConfig::new(Keypair::generate()), loopback()).unwrap();
+    let mut config = GossipConfig::default();
+    config.classes.insert(
+        class,
+        ClassPolicy {
+            relay: Relay::All,
+            push_whole_max_bytes: 4096,
+            latency_sensitive: true,
+            expiry: Duration::from_secs(60),
+        },
+    );
+    let (gossip, _delivered) =
+        GossipService::spawn(&peer, GossipSettings::new(config), Box::new(|_, _| true)).unwrap();
+    peer.connect(daemon.node().local_addr().unwrap(), daemon.node().peer_id())
+        .await
+        .unwrap();
+    tokio::time::timeout(PATIENCE, async {
+        while daemon.node().connected_peers().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the peer connects");
+    let envelope = |topic: &str, body: Vec<u8>| {
+        Envelope {
+            topic: TopicName::new(topic).unwrap(),
+            origin: peer.peer_id(),
+            sequence: 1,
+            body: Bytes::from(body),
+        }
+        .encode()
+    };
+    // Not an envelope; another node's topic that collides with `news` on its class; over the
+    // 1 KiB limit of `news`; and one good message last.
+    gossip
+        .publish(class, Bytes::from_static(b"\x07garbage"))
+        .unwrap();
+    gossip
+        .publish(class, envelope("other", b"x".to_vec()))
+        .unwrap();
+    gossip
+        .publish(class, envelope("news", vec![0; 2000]))
+        .unwrap();
+    gossip
+        .publish(class, envelope("news", b"fine".to_vec()))
+        .unwrap();
+    let delivered = tokio::time::timeout(PATIENCE, subscription.next())
+        .await
+        .expect("the good message arrives");
+    match delivered {
+        Some(SubscriptionItem::Event(event)) => {
+            assert_eq!(&event.body[..], b"fine");
+            assert_eq!(event.from, peer.peer_id());
+            assert_eq!(event.origin, peer.peer_id());
+        }
+        other => panic!("expected the good message, got {other:?}"),
+    }
+    tokio::time::timeout(PATIENCE, async {
+        while ["malformed", "unknown_topic", "too_large"]
+            .iter()
+            .any(|reason| topics.rejected_count(reason) == 0)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("each bad message is rejected");
+    for reason in ["malformed", "unknown_topic", "too_large"] {
+        assert_eq!(topics.rejected_count(reason), 1, "{reason}");
+    }
+    // Nothing else was delivered.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), subscription.next())
+            .await
+            .is_err()
+    );
+    peer.close().await;
+    daemon.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn streams_hold_no_request_slot() {
+    let limits = HttpLimits {
+        max_concurrent_requests: 2,
+        ..HttpLimits::default()
+    };
+    let daemon = start(topics(4, 8), limits, HttpAuth::default()).await;
+    let address = daemon.http_address().unwrap();
+    let mut streams = Vec::new();
+    for _ in 0..4 {
+        streams.push(Subscriber::open(address, "news").await);
+    }
+    // Four open streams, two request slots: requests still get answers.
+    let get = b"GET /status HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n".to_vec();
+    assert_eq!(exchange(address, get).await.status, 200);
+    let published = publish(address, "news", b"to all four").await;
+    for stream in &mut streams {
+        assert_eq!(stream.next_message().await["id"], published["id"]);
+    }
+    daemon.shutdown().await.unwrap();
 }

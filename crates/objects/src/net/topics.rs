@@ -558,6 +558,15 @@ impl Topics {
             .get()
     }
 
+    /// Current value of `meshwire_topic_rejected_total{reason}` (messages from peers).
+    pub fn rejected_count(&self, reason: &'static str) -> u64 {
+        self.inner
+            .metrics
+            .rejected
+            .get_or_create(&ReasonLabel { reason })
+            .get()
+    }
+
     fn refuse(&self, error: TopicsError) -> TopicsError {
         TopicMetrics::count(&self.inner.metrics.refused, error.reason());
         error
