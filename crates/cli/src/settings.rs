@@ -335,6 +335,12 @@ impl Settings {
             .count();
         let mut members: HashSet<PeerId> = self.members.iter().copied().collect();
         members.extend(own);
+        let names: Vec<&str> = self.topics.topics.keys().map(String::as_str).collect();
+        let topics = match names.len() {
+            1 => format!("topic {}", names[0]),
+            2..=4 => format!("topics {}", names.join(", ")),
+            count => format!("{count} topics"),
+        };
         let token = if self.token_required() {
             "token required"
         } else {
@@ -342,7 +348,7 @@ impl Settings {
         };
         Ok(format!(
             "config ok: {who}; udp {}; http {} ({token}); {} peers; {} members; \
-             replication {}, write quorum {}, read quorum {}; {} topics",
+             replication {}, write quorum {}, read quorum {}; {topics}",
             self.listen,
             self.http,
             peers,
@@ -350,7 +356,6 @@ impl Settings {
             self.objects.replication,
             self.objects.write_quorum,
             self.objects.read_quorum,
-            self.topics.topics.len(),
         ))
     }
 
