@@ -452,6 +452,12 @@ struct Inner {
     fan_out: tokio::task::AbortHandle,
 }
 
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner").finish_non_exhaustive()
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         self.fan_out.abort();
@@ -811,12 +817,6 @@ pub struct Subscription {
     events: mpsc::Receiver<Arc<TopicEvent>>,
     end: Arc<EndState>,
     done: bool,
-}
-
-impl std::fmt::Debug for Inner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inner").finish_non_exhaustive()
-    }
 }
 
 impl Subscription {
