@@ -103,6 +103,7 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     let daemon = Daemon::builder(settings.objects)
         .members(settings.members.iter().copied())
         .data_dir(&settings.data_dir)
+        .store_memory_bytes(settings.store_memory_bytes)
         .http(settings.http)
         .http_limits(settings.http_limits.clone())
         .http_auth(settings.http_auth.clone())

@@ -183,6 +183,7 @@ pub struct FileObjects {
     pub deadline_ms: Option<u64>,
     pub max_clock_skew_ms: Option<u64>,
     pub anti_entropy_interval_ms: Option<u64>,
+    pub store_memory_bytes: Option<usize>,
     #[serde(default)]
     pub members: Vec<String>,
 }
@@ -211,6 +212,8 @@ pub struct Settings {
     pub objects: meshwire_objects::net::ObjectConfig,
     /// Publish/subscribe topics (`[gossip]`).
     pub topics: TopicsConfig,
+    /// The store's memory budget (redb's page cache and the object cache).
+    pub store_memory_bytes: usize,
     /// The object cluster's other members (this node is always one).
     pub members: Vec<PeerId>,
     transport: FileTransport,
@@ -286,6 +289,10 @@ impl Settings {
             http_auth,
             objects,
             topics,
+            store_memory_bytes: file
+                .objects
+                .store_memory_bytes
+                .unwrap_or(meshwire_objects::net::DEFAULT_STORE_MEMORY_BYTES),
             members,
             transport: file.transport,
         })

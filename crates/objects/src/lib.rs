@@ -102,10 +102,13 @@
 //!   connection; a non-member is refused `not_member` as for any object request. Digests come
 //!   from a scan of the store's record headers per exchange, not from persisted state:
 //!   `bench/anti-entropy.sh` reports the scan time.
-//! - Store: redb file `objects.redb` in the data directory. Each write is one durable transaction (a
-//!   crash leaves the old or the new record, never a torn one); reads verify the SHA-256 and report a
-//!   damaged record as corrupt. A bounded in-memory cache (64 MiB, objects up to 16 MiB) lets many
-//!   readers of one object share one buffer.
+//! - Store: redb file `objects.redb` in the data directory: a header per object and its content in
+//!   pieces that fill redb's power-of-two page runs (see [`net::store`]). Each write is one durable
+//!   transaction (a crash leaves the old or the new object, never a torn one); reads verify the
+//!   SHA-256 and report a damaged object as corrupt. One memory budget (`store_memory_bytes`,
+//!   128 MiB) holds redb's page cache and a cache of hot objects (half each; objects up to a
+//!   quarter of the cache), so many readers of one object share one buffer. Store calls run on
+//!   tokio's blocking pool.
 //!
 //! ## HTTP API
 //!

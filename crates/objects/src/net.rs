@@ -14,7 +14,9 @@ pub use service::{
     ObjectConfig, ObjectService, ObjectServiceError, PhysicalClock, ReplicaError, ServiceOptions,
     SystemClock, WriteOutcome,
 };
-pub use store::{Store, StoreError, StoredObject};
+pub use store::{
+    Store, StoreError, StoredObject, DEFAULT_MEMORY_BYTES as DEFAULT_STORE_MEMORY_BYTES,
+};
 pub use topics::{
     EndReason, Published, Subscription, SubscriptionItem, TopicEvent, TopicInfo, TopicPolicy,
     Topics, TopicsConfig, TopicsError,

@@ -258,7 +258,7 @@ pub fn run(
                 }
                 let (node, _) = context.start_node(context.node_config()).await?;
                 let daemon = Daemon::builder(lab_objects())
-                    .cache_bytes(0)
+                    .store_memory_bytes(0)
                     .members(members)
                     .start(node.clone())
                     .await?;
@@ -325,7 +325,7 @@ pub fn run(
     lab.client("client", move |context| async move {
         let (node, _) = context.start_node(context.node_config()).await?;
         let daemon = Daemon::builder(lab_objects())
-            .cache_bytes(0)
+            .store_memory_bytes(0)
             .members(client_ids.iter().copied())
             .seed(derive_seed(context.seed, "client", 9))
             .start(node.clone())

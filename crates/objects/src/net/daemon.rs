@@ -19,8 +19,8 @@
 //!   for them: they take the node's gossip protocol. Their subscriber cap must stay below the
 //!   HTTP connection cap, checked here too.
 //!
-//! [`Daemon::shutdown`] ends every topic subscription, stops accepting HTTP connections, lets requests in flight finish within
-//! [`HttpLimits::shutdown_grace`] (then cuts them), flushes the store and closes the node's
+//! [`Daemon::shutdown`] ends every topic subscription, stops accepting HTTP connections, lets
+//! requests in flight finish within [`HttpLimits::shutdown_grace`] (then cuts them), flushes the store and closes the node's
 //! connections with a reason. Dropping a daemon without it also stops the HTTP API, but leaves
 //! the node to its other handles.
 
@@ -41,7 +41,7 @@ use super::http::serve::HttpMetrics;
 use super::service::{
     ObjectConfig, ObjectService, ObjectServiceError, PhysicalClock, ServiceOptions,
 };
-use super::store::{Store, StoreError, DEFAULT_CACHE_BYTES};
+use super::store::{Store, StoreError, DEFAULT_MEMORY_BYTES};
 use super::topics::{Topics, TopicsConfig, TopicsError};
 
 /// The store's file in a data directory.
@@ -123,7 +123,7 @@ pub enum DaemonError {
 pub struct DaemonBuilder {
     objects: ObjectConfig,
     data_dir: Option<PathBuf>,
-    cache_bytes: usize,
+    memory_bytes: usize,
     http: Option<SocketAddr>,
     options: ServiceOptions,
     http_limits: HttpLimits,
@@ -151,9 +151,10 @@ impl DaemonBuilder {
         self
     }
 
-    /// Bound of the store's in-memory cache of hot objects (default [`DEFAULT_CACHE_BYTES`]).
-    pub fn cache_bytes(mut self, bytes: usize) -> Self {
-        self.cache_bytes = bytes;
+    /// The store's memory budget: half for redb's page cache, half for the cache of hot objects
+    /// (default [`DEFAULT_MEMORY_BYTES`]; 0 turns both caches off).
+    pub fn store_memory_bytes(mut self, bytes: usize) -> Self {
+        self.memory_bytes = bytes;
         self
     }
 
@@ -255,10 +256,10 @@ impl DaemonBuilder {
                     source,
                 })?;
                 let path = dir.join(STORE_FILE);
-                Store::open(&path, self.cache_bytes)
+                Store::open(&path, self.memory_bytes)
                     .map_err(|source| DaemonError::Store { path, source })?
             }
-            None => Store::in_memory(self.cache_bytes).map_err(DaemonError::MemoryStore)?,
+            None => Store::in_memory(self.memory_bytes).map_err(DaemonError::MemoryStore)?,
         };
         let service = ObjectService::new(node, store, self.objects, self.options)?;
         register_start_time(service.node());
@@ -389,7 +390,7 @@ impl Daemon {
         DaemonBuilder {
             objects,
             data_dir: None,
-            cache_bytes: DEFAULT_CACHE_BYTES,
+            memory_bytes: DEFAULT_MEMORY_BYTES,
             http: None,
             options: ServiceOptions::default(),
             http_limits: HttpLimits::default(),

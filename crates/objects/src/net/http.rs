@@ -309,12 +309,12 @@ async fn peers(State(service): State<ObjectService>) -> Json<Vec<PeerJson>> {
 async fn status(
     State(service): State<ObjectService>,
 ) -> Result<Json<serde_json::Value>, ObjectServiceError> {
-    Ok(Json(status_json(&service)?))
+    Ok(Json(status_json(&service).await?))
 }
 
 /// The body of `GET /status` (also part of `GET /dashboard/data`).
-fn status_json(service: &ObjectService) -> Result<serde_json::Value, ObjectServiceError> {
-    let size = service.store().size()?;
+async fn status_json(service: &ObjectService) -> Result<serde_json::Value, ObjectServiceError> {
+    let size = service.on_store(|store| store.size()).await??;
     let config = service.config();
     Ok(json!({
         "peer_id": service.node().peer_id().to_string(),

@@ -460,14 +460,25 @@ impl ObjectService {
         });
         // The handlers live in the node; a weak reference keeps them from keeping the node alive.
         let weak = Arc::downgrade(&service.inner);
+        // FETCH, STORE and CAS touch the store: they run on the blocking pool.
         node.handle(FETCH, move |peer, body| {
-            let result = upgrade(&weak).and_then(|service| service.serve_fetch(peer, &body));
-            async move { result }
+            let service = upgrade(&weak);
+            async move {
+                let service = service?;
+                blocking(move || service.serve_fetch(peer, &body))
+                    .await
+                    .unwrap_or(Err(HandlerError::Stopped))
+            }
         })?;
         let weak = Arc::downgrade(&service.inner);
         node.handle(STORE, move |peer, body| {
-            let result = upgrade(&weak).and_then(|service| service.serve_store(peer, body));
-            async move { result }
+            let service = upgrade(&weak);
+            async move {
+                let service = service?;
+                blocking(move || service.serve_store(peer, body))
+                    .await
+                    .unwrap_or(Err(HandlerError::Stopped))
+            }
         })?;
         let weak = Arc::downgrade(&service.inner);
         node.handle(SYNC, move |peer, body| {
@@ -476,8 +487,13 @@ impl ObjectService {
         })?;
         let weak = Arc::downgrade(&service.inner);
         node.handle(CAS, move |peer, body| {
-            let result = upgrade(&weak).and_then(|service| service.serve_cas(peer, body));
-            async move { result }
+            let service = upgrade(&weak);
+            async move {
+                let service = service?;
+                blocking(move || service.serve_cas(peer, body))
+                    .await
+                    .unwrap_or(Err(HandlerError::Stopped))
+            }
         })?;
         Ok(service)
     }
@@ -660,15 +676,51 @@ impl ObjectService {
     /// The version for a new write of `key`: a tick of the hybrid clock after it observed the
     /// version this node holds and `after` (a conditional write's expected version), unless one
     /// is beyond the accepted skew (it is then not adopted, and loses).
-    fn next_version(&self, key: &str, after: Option<u64>) -> Result<u64, ObjectServiceError> {
-        let held = self.inner.store.stamp(key).unwrap_or(None);
+    /// The content's hash is computed on the blocking pool with the held version's lookup.
+    async fn next_stamp(
+        &self,
+        key: &str,
+        content: &Bytes,
+        after: Option<u64>,
+    ) -> Result<Stamp, ObjectServiceError> {
+        let (key, content) = (key.to_string(), content.clone());
+        let (held, hash) = self
+            .on_store(move |store| {
+                // A damaged local copy is not observed: the write replaces it.
+                let held = store.header(&key).unwrap_or(None).map(|(stamp, _)| stamp);
+                (held, content_hash(&content))
+            })
+            .await?;
         let now_ms = self.inner.physical.now_ms();
         let mut hybrid = lock(&self.inner.clock);
         for version in held.map(|held| held.version).into_iter().chain(after) {
             // A refused version is not adopted: a write must not inherit a stamp from the future.
             let _ = hybrid.observe(version, now_ms);
         }
-        hybrid.tick(now_ms).map_err(ObjectServiceError::Clock)
+        let version = hybrid.tick(now_ms).map_err(ObjectServiceError::Clock)?;
+        Ok(Stamp { version, hash })
+    }
+
+    /// Runs `call` on the store in tokio's blocking pool, so disk reads, durable commits and
+    /// hashing never stall the async workers that serve the network and the HTTP API.
+    pub(crate) async fn on_store<T, F>(&self, call: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Store) -> T + Send + 'static,
+    {
+        let store = self.inner.store.clone();
+        blocking(move || call(&store))
+            .await
+            .ok_or(StoreError::Stopped)
+    }
+
+    /// The local copy of `key`: from the object cache at once, else read on the blocking pool.
+    pub(crate) async fn local_copy(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
+        if let Some(object) = self.inner.store.cached(key) {
+            return Ok(Some(object));
+        }
+        let key = key.to_string();
+        self.on_store(move |store| store.get(&key)).await?
     }
 
     async fn put_inner(
@@ -677,10 +729,7 @@ impl ObjectService {
         content: Bytes,
     ) -> Result<WriteOutcome, ObjectServiceError> {
         self.check_write(key, &content)?;
-        let stamp = Stamp {
-            version: self.next_version(key, None)?,
-            hash: content_hash(&content),
-        };
+        let stamp = self.next_stamp(key, &content, None).await?;
         let replicas = self.replicas(key);
         let config = self.write_plan(replicas.len());
         let quorum = config.quorum;
@@ -701,7 +750,9 @@ impl ObjectService {
             let superseded = superseded_count.clone();
             async move {
                 let stored = if peer == me {
-                    let held = service.inner.store.put(&key, stamp, content)?;
+                    let held = service
+                        .on_store(move |store| store.put(&key, stamp, content))
+                        .await??;
                     if held == stamp {
                         Stored::Holds
                     } else {
@@ -814,7 +865,7 @@ impl ObjectService {
             async move {
                 let reply = if peer == me {
                     let clock = service.tick()?;
-                    encode_fetched(clock, mode, service.inner.store.get(&key)?.as_ref())
+                    encode_fetched(clock, mode, service.local_copy(&key).await?.as_ref())
                 } else {
                     service
                         .inner
@@ -861,6 +912,16 @@ fn encode_fetched(clock: u64, mode: FetchMode, held: Option<&StoredObject>) -> B
         out.extend_from_slice(&object.content);
     }
     Bytes::from(out)
+}
+
+/// Runs `work` on tokio's blocking pool; `None` when the runtime cancelled it (shutting down). A
+/// panic in `work` resumes in the caller.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(value) => Some(value),
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(_) => None,
+    }
 }
 
 fn upgrade(weak: &std::sync::Weak<Inner>) -> Result<ObjectService, HandlerError> {

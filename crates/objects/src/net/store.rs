@@ -2,17 +2,33 @@
 //!
 //! # Design
 //!
-//! One redb table maps a key to `[version u64 LE][SHA-256 32][content]`, and a second holds the
-//! total content bytes. A write reads the current record and replaces it only if the new copy wins
-//! (higher version; at equal versions, the smaller hash, the same rule [`merge`] ends with), inside
-//! one write transaction that commits durably: a crash mid-write leaves the old record or the new
-//! one, never a torn one (redb's commit is atomic). Every read recomputes the hash, so a record
-//! damaged on disk is reported as [`StoreError::Corrupt`] instead of being served or replicated.
-//! A conditional write ([`Store::put_if`]) checks its precondition against the current record in
-//! the same transaction, so no other write can slip in between the check and the write.
+//! Two redb tables: `objects.v2` maps a key to its header `[version u64 LE][SHA-256 32][length u64
+//! LE][chunks u32 LE]`, and `chunks.v2` maps `(key, index)` to the content's pieces; a third holds
+//! the total content bytes. A write reads the current header and replaces the object only if the
+//! new copy wins (higher version; at equal versions, the smaller hash, the same rule [`merge`] ends
+//! with), inside one write transaction that commits durably: a crash mid-write leaves the old
+//! object or the new one, never a torn one (redb's commit is atomic). Every read recomputes the
+//! hash, so an object damaged on disk is reported as [`StoreError::Corrupt`] instead of being
+//! served or replicated. A conditional write ([`Store::put_if`]) checks its precondition against
+//! the current header in the same transaction, so no other write can slip in between.
 //!
-//! Hot objects are kept in a bounded in-memory cache of shared buffers, so many readers of one large
-//! object share one copy (the 250-reader test in `bench/http.sh`).
+//! **Why chunks.** redb allocates pages in power-of-two runs, so one 8 MiB value took a 16 MiB run
+//! and a store of 8 MiB objects used 2.1× its content on disk after overwrites (measured with the
+//! one-record-per-object layout this replaced). Content is therefore cut into pieces that fill a
+//! power-of-two run of 4 KiB pages exactly (1 MiB runs, then halving down to one page, less room
+//! for redb's leaf header and the key; see [`chunk_sizes`]); freed runs fit the next object's
+//! pieces. A store written in the old layout (table `objects`) is converted on open.
+//!
+//! **Memory.** The store's memory budget ([`DEFAULT_MEMORY_BYTES`] unless configured) is split in
+//! two halves: redb's page cache (which would otherwise default to 1 GiB) and a cache of hot
+//! objects as shared buffers, so many readers of one large object share one copy (the 250-reader
+//! test in `bench/http.sh`). An object larger than a quarter of the object cache is not cached.
+//!
+//! **Crash recovery.** Every write transaction uses redb's quick repair: the allocator state is
+//! saved with each commit, so opening the store after a crash does not rescan the whole file.
+//!
+//! The store's methods block (disk reads, durable commits): the object service calls them from
+//! tokio's blocking pool, never on an async worker thread.
 //!
 //! [`merge`]: crate::proto::object::merge
 
@@ -23,13 +39,55 @@ use std::sync::Mutex;
 use crate::proto::cas::Precondition;
 use crate::proto::entropy::wins;
 use crate::proto::object::{content_hash, Stamp};
-use bytes::Bytes;
-use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
+use bytes::{Bytes, BytesMut};
+use redb::{ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle};
 
-const OBJECTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("objects");
+const HEADERS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("objects.v2");
+const CHUNKS: TableDefinition<'_, (&str, u32), &[u8]> = TableDefinition::new("chunks.v2");
 const TOTALS: TableDefinition<'_, &str, u64> = TableDefinition::new("totals");
+/// The one-record-per-object layout of earlier versions: `[version][hash][content]`.
+const LEGACY: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("objects");
+const LEGACY_HEADER: usize = 8 + 32;
 const CONTENT_BYTES: &str = "content_bytes";
-const RECORD_HEADER: usize = 8 + 32;
+const HEADER_LEN: usize = 8 + 32 + 8 + 4;
+/// redb's page size (its default, which the store does not change).
+const PAGE: usize = 4096;
+/// The largest piece fills a run of this many pages.
+const MAX_CHUNK_PAGES: usize = 256;
+/// Room left in each run for redb's leaf header, offsets and the tuple key's encoding.
+const CHUNK_SLACK: usize = 128;
+/// The largest read buffer sized from a header before the pieces are read.
+const MAX_PREALLOC: usize = 32 << 20;
+/// Legacy records converted per transaction when opening an old store.
+const MIGRATE_BATCH_BYTES: usize = 64 << 20;
+
+/// The sizes of the pieces `len` content bytes under a key of `key_len` bytes are cut into: as
+/// many pieces filling 1 MiB page runs as fit, then pieces filling halving runs, and a last piece
+/// smaller than one page. Each piece plus its key fits its run, so a piece wastes at most the
+/// slack, never half its run.
+pub fn chunk_sizes(len: usize, key_len: usize) -> impl Iterator<Item = usize> {
+    let slack = CHUNK_SLACK + key_len;
+    let mut left = len;
+    let mut pages = MAX_CHUNK_PAGES;
+    std::iter::from_fn(move || {
+        if left == 0 {
+            return None;
+        }
+        loop {
+            let capacity = (pages * PAGE).saturating_sub(slack);
+            if capacity > 0 && left >= capacity {
+                left -= capacity;
+                return Some(capacity);
+            }
+            if pages == 1 || capacity == 0 {
+                let last = left;
+                left = 0;
+                return Some(last);
+            }
+            pages /= 2;
+        }
+    })
+}
 
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +108,10 @@ pub enum StoreError {
     /// A transaction could not commit.
     #[error("object store commit failed: {0}")]
     Commit(#[from] redb::CommitError),
-    /// A stored record is damaged: its hash does not match, or it is too short.
+    /// The blocking pool the store runs on was shut down (the runtime is stopping).
+    #[error("the object store's worker was stopped")]
+    Stopped,
+    /// A stored object is damaged: its hash or length does not match, or a piece is missing.
     #[error("object {key:?} is corrupt: {reason}")]
     Corrupt {
         /// The key.
@@ -131,54 +192,172 @@ pub struct Store {
     cache: Mutex<Cache>,
 }
 
-/// Default bound of the in-memory cache of hot objects.
-pub const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
+/// Default memory budget of the store: half for redb's page cache, half for the object cache.
+pub const DEFAULT_MEMORY_BYTES: usize = 128 * 1024 * 1024;
+
+type Headers<'txn> = redb::Table<'txn, &'static str, &'static [u8]>;
+type Chunks<'txn> = redb::Table<'txn, (&'static str, u32), &'static [u8]>;
+type Totals<'txn> = redb::Table<'txn, &'static str, u64>;
+
+/// What a header says about an object.
+#[derive(Debug, Clone, Copy)]
+struct Header {
+    stamp: Stamp,
+    len: u64,
+    chunks: u32,
+}
 
 impl Store {
-    /// Opens (or creates) the store file at `path`.
-    pub fn open(path: &Path, cache_bytes: usize) -> Result<Self, StoreError> {
-        Self::init(redb::Database::create(path)?, cache_bytes)
+    /// Opens (or creates) the store file at `path`, within `memory_bytes` of caches (see the
+    /// module docs). A store in the old one-record-per-object layout is converted first.
+    pub fn open(path: &Path, memory_bytes: usize) -> Result<Self, StoreError> {
+        let db = redb::Database::builder()
+            .set_cache_size(memory_bytes / 2)
+            .create(path)?;
+        Self::init(db, memory_bytes)
     }
 
     /// A store in memory (tests and the lab).
-    pub fn in_memory(cache_bytes: usize) -> Result<Self, StoreError> {
-        let db =
-            redb::Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
-        Self::init(db, cache_bytes)
+    pub fn in_memory(memory_bytes: usize) -> Result<Self, StoreError> {
+        let db = redb::Database::builder()
+            .set_cache_size(memory_bytes / 2)
+            .create_with_backend(redb::backends::InMemoryBackend::new())?;
+        Self::init(db, memory_bytes)
     }
 
-    fn init(db: redb::Database, cache_bytes: usize) -> Result<Self, StoreError> {
+    fn init(db: redb::Database, memory_bytes: usize) -> Result<Self, StoreError> {
         // Create the tables so readers never see them missing.
-        let txn = db.begin_write()?;
-        txn.open_table(OBJECTS)?;
+        let txn = write_txn(&db)?;
+        txn.open_table(HEADERS)?;
+        txn.open_table(CHUNKS)?;
         txn.open_table(TOTALS)?;
         txn.commit()?;
-        Ok(Self {
+        let store = Self {
             db,
             cache: Mutex::new(Cache {
-                limit_bytes: cache_bytes,
+                limit_bytes: memory_bytes - memory_bytes / 2,
                 bytes: 0,
                 entries: HashMap::new(),
                 order: VecDeque::new(),
             }),
-        })
+        };
+        store.migrate_legacy()?;
+        Ok(store)
+    }
+
+    /// Converts records of the old layout (table `objects`) in transactions of about
+    /// [`MIGRATE_BATCH_BYTES`], then deletes the old table. A record too short to hold its header
+    /// was unreadable before and is dropped with a warning.
+    fn migrate_legacy(&self) -> Result<(), StoreError> {
+        let exists = self
+            .db
+            .begin_read()?
+            .list_tables()?
+            .any(|table| table.name() == LEGACY.name());
+        if !exists {
+            return Ok(());
+        }
+        let mut converted = 0u64;
+        loop {
+            let txn = write_txn(&self.db)?;
+            let done = {
+                let mut legacy = txn.open_table(LEGACY)?;
+                let mut batch = Vec::new();
+                let mut bytes = 0;
+                for record in legacy.iter()? {
+                    let (key, value) = record?;
+                    bytes += value.value().len();
+                    batch.push((key.value().to_string(), value.value().to_vec()));
+                    if bytes >= MIGRATE_BATCH_BYTES {
+                        break;
+                    }
+                }
+                let mut headers = txn.open_table(HEADERS)?;
+                let mut chunks = txn.open_table(CHUNKS)?;
+                for (key, record) in &batch {
+                    legacy.remove(key.as_str())?;
+                    if record.len() < LEGACY_HEADER {
+                        tracing::warn!(%key, "dropping an unreadable object record while converting the store");
+                        continue;
+                    }
+                    let mut version = [0u8; 8];
+                    version.copy_from_slice(&record[..8]);
+                    let mut hash = [0u8; 32];
+                    hash.copy_from_slice(&record[8..LEGACY_HEADER]);
+                    let stamp = Stamp {
+                        version: u64::from_le_bytes(version),
+                        hash,
+                    };
+                    write_object(
+                        &mut headers,
+                        &mut chunks,
+                        key,
+                        stamp,
+                        &record[LEGACY_HEADER..],
+                        None,
+                    )?;
+                    converted += 1;
+                }
+                batch.is_empty()
+            };
+            if done {
+                txn.delete_table(LEGACY)?;
+            }
+            txn.commit()?;
+            if done {
+                break;
+            }
+        }
+        tracing::info!(
+            objects = converted,
+            "converted the object store to the chunked layout"
+        );
+        Ok(())
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, Cache> {
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The object under `key` if the in-memory cache holds it (never touches the disk).
+    pub fn cached(&self, key: &str) -> Option<StoredObject> {
+        self.cache().get(key)
+    }
+
     /// The object under `key`, its content checked against its hash.
     pub fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
-        if let Some(object) = self.cache().get(key) {
+        if let Some(object) = self.cached(key) {
             return Ok(Some(object));
         }
         let txn = self.db.begin_read()?;
-        let table = txn.open_table(OBJECTS)?;
-        let Some(record) = table.get(key)? else {
+        let headers = txn.open_table(HEADERS)?;
+        let Some(header) = read_header(&headers, key)? else {
             return Ok(None);
         };
-        let object = decode_record(key, record.value())?;
+        let chunks = txn.open_table(CHUNKS)?;
+        let corrupt = |reason| StoreError::Corrupt {
+            key: key.to_string(),
+            reason,
+        };
+        // A damaged header's length must not size a huge allocation: beyond the bound the
+        // buffer grows with the pieces read.
+        let mut content = BytesMut::with_capacity(saturating_usize(header.len).min(MAX_PREALLOC));
+        for index in 0..header.chunks {
+            let piece = chunks
+                .get((key, index))?
+                .ok_or_else(|| corrupt("a piece of its content is missing"))?;
+            content.extend_from_slice(piece.value());
+        }
+        if content.len() as u64 != header.len {
+            return Err(corrupt("content length does not match its header"));
+        }
+        if content_hash(&content) != header.stamp.hash {
+            return Err(corrupt("content does not match its hash"));
+        }
+        let object = StoredObject {
+            stamp: header.stamp,
+            content: content.freeze(),
+        };
         self.cache().insert(key, object.clone());
         Ok(Some(object))
     }
@@ -217,11 +396,10 @@ impl Store {
         content: Bytes,
         precondition: Option<Precondition>,
     ) -> Result<Result<Stamp, Option<Stamp>>, StoreError> {
-        let txn = self.db.begin_write()?;
+        let txn = write_txn(&self.db)?;
         let result = {
-            let mut table = txn.open_table(OBJECTS)?;
-            let mut totals = txn.open_table(TOTALS)?;
-            apply_in(&mut table, &mut totals, key, stamp, &content, precondition)?
+            let mut tables = Tables::open(&txn)?;
+            tables.apply(key, stamp, &content, precondition)?
         };
         if result.is_err() {
             // Nothing was written: the transaction is dropped, not committed.
@@ -236,18 +414,15 @@ impl Store {
     /// does, all in one durable transaction (one commit for many copies: anti-entropy's pulls).
     /// Returns the stamp the store holds afterwards for each, in order.
     pub fn put_batch(&self, copies: &[(String, Stamp, Bytes)]) -> Result<Vec<Stamp>, StoreError> {
-        let txn = self.db.begin_write()?;
+        let txn = write_txn(&self.db)?;
         let mut held = Vec::with_capacity(copies.len());
         {
-            let mut table = txn.open_table(OBJECTS)?;
-            let mut totals = txn.open_table(TOTALS)?;
+            let mut tables = Tables::open(&txn)?;
             for (key, stamp, content) in copies {
-                held.push(
-                    match apply_in(&mut table, &mut totals, key, *stamp, content, None)? {
-                        Ok(stamp) => stamp,
-                        Err(current) => current.unwrap_or(*stamp),
-                    },
-                );
+                held.push(match tables.apply(key, *stamp, content, None)? {
+                    Ok(stamp) => stamp,
+                    Err(current) => current.unwrap_or(*stamp),
+                });
             }
         }
         txn.commit()?;
@@ -266,38 +441,35 @@ impl Store {
         Ok(held)
     }
 
-    /// Calls `visit` with the key, stamp and content length of every record, in key order,
-    /// reading only the records' headers (the content is not hashed: a damaged record shows when
-    /// it is read). Anti-entropy computes its digests with this.
+    /// Calls `visit` with the key, stamp and content length of every object, in key order,
+    /// reading only the headers (the content is not hashed: a damaged object shows when it is
+    /// read). Anti-entropy computes its digests with this.
     pub fn scan_stamps(&self, mut visit: impl FnMut(&str, Stamp, usize)) -> Result<(), StoreError> {
         let txn = self.db.begin_read()?;
-        let table = txn.open_table(OBJECTS)?;
+        let table = txn.open_table(HEADERS)?;
         for record in table.iter()? {
             let (key, value) = record?;
             let key = key.value();
-            let (stamp, len) = record_header(key, value.value())?;
-            visit(key, stamp, len);
+            let header = decode_header(key, value.value())?;
+            visit(key, header.stamp, saturating_usize(header.len));
         }
         Ok(())
     }
 
-    /// The stamp and content length of the record under `key`, from its header only.
+    /// The stamp and content length of the object under `key`, from its header only.
     pub fn header(&self, key: &str) -> Result<Option<(Stamp, usize)>, StoreError> {
-        if let Some(object) = self.cache().get(key) {
+        if let Some(object) = self.cached(key) {
             return Ok(Some((object.stamp, object.content.len())));
         }
         let txn = self.db.begin_read()?;
-        let table = txn.open_table(OBJECTS)?;
-        let Some(record) = table.get(key)? else {
-            return Ok(None);
-        };
-        Ok(Some(record_header(key, record.value())?))
+        let table = txn.open_table(HEADERS)?;
+        Ok(read_header(&table, key)?.map(|header| (header.stamp, saturating_usize(header.len))))
     }
 
     /// Objects and content bytes held.
     pub fn size(&self) -> Result<StoreSize, StoreError> {
         let txn = self.db.begin_read()?;
-        let objects = txn.open_table(OBJECTS)?.len()?;
+        let objects = txn.open_table(HEADERS)?.len()?;
         let content_bytes = txn
             .open_table(TOTALS)?
             .get(CONTENT_BYTES)?
@@ -309,71 +481,121 @@ impl Store {
     }
 }
 
-/// Writes `content` under `key` with `stamp` in an open transaction if `precondition` holds
-/// and the copy wins over the stored one; `Err` holds the stored copy's stamp when it does not.
-fn apply_in(
-    table: &mut redb::Table<'_, &'static str, &'static [u8]>,
-    totals: &mut redb::Table<'_, &'static str, u64>,
+/// A write transaction with quick repair on (see the module docs).
+fn write_txn(db: &redb::Database) -> Result<redb::WriteTransaction, StoreError> {
+    let mut txn = db.begin_write()?;
+    txn.set_quick_repair(true);
+    Ok(txn)
+}
+
+fn saturating_usize(len: u64) -> usize {
+    usize::try_from(len).unwrap_or(usize::MAX)
+}
+
+/// The tables a write touches, open in one transaction.
+struct Tables<'txn> {
+    headers: Headers<'txn>,
+    chunks: Chunks<'txn>,
+    totals: Totals<'txn>,
+}
+
+impl<'txn> Tables<'txn> {
+    fn open(txn: &'txn redb::WriteTransaction) -> Result<Self, StoreError> {
+        Ok(Self {
+            headers: txn.open_table(HEADERS)?,
+            chunks: txn.open_table(CHUNKS)?,
+            totals: txn.open_table(TOTALS)?,
+        })
+    }
+
+    /// Writes `content` under `key` with `stamp` if `precondition` holds and the copy wins over
+    /// the stored one; `Err` holds the stored copy's stamp when it does not.
+    fn apply(
+        &mut self,
+        key: &str,
+        stamp: Stamp,
+        content: &[u8],
+        precondition: Option<Precondition>,
+    ) -> Result<Result<Stamp, Option<Stamp>>, StoreError> {
+        let old = read_header(&self.headers, key)?;
+        let current = old.map(|old| old.stamp);
+        if precondition.is_some_and(|p| !p.holds(current.as_ref())) {
+            return Ok(Err(current));
+        }
+        if !old.is_none_or(|old| wins(&stamp, &old.stamp)) {
+            return Ok(Err(current));
+        }
+        write_object(
+            &mut self.headers,
+            &mut self.chunks,
+            key,
+            stamp,
+            content,
+            old,
+        )?;
+        let total = self.totals.get(CONTENT_BYTES)?.map_or(0, |v| v.value());
+        let old_len = old.map_or(0, |old| old.len);
+        let new_total = (total + content.len() as u64).saturating_sub(old_len);
+        self.totals.insert(CONTENT_BYTES, new_total)?;
+        Ok(Ok(stamp))
+    }
+}
+
+/// Writes the header and the pieces of `content` under `key`, and removes the pieces of the
+/// `old` object the new one does not overwrite.
+fn write_object(
+    headers: &mut Headers<'_>,
+    chunks: &mut Chunks<'_>,
     key: &str,
     stamp: Stamp,
     content: &[u8],
-    precondition: Option<Precondition>,
-) -> Result<Result<Stamp, Option<Stamp>>, StoreError> {
-    let old = match table.get(key)? {
-        Some(record) => Some(record_header(key, record.value())?),
-        None => None,
-    };
-    let current = old.map(|(old, _)| old);
-    if precondition.is_some_and(|p| !p.holds(current.as_ref())) {
-        return Ok(Err(current));
+    old: Option<Header>,
+) -> Result<(), StoreError> {
+    let mut index = 0u32;
+    let mut offset = 0;
+    for size in chunk_sizes(content.len(), key.len()) {
+        chunks.insert((key, index), &content[offset..offset + size])?;
+        offset += size;
+        index += 1;
     }
-    if !old.is_none_or(|(old, _)| wins(&stamp, &old)) {
-        return Ok(Err(current));
+    for stale in index..old.map_or(0, |old| old.chunks) {
+        chunks.remove((key, stale))?;
     }
-    let mut record = Vec::with_capacity(RECORD_HEADER + content.len());
-    record.extend_from_slice(&stamp.version.to_le_bytes());
-    record.extend_from_slice(&stamp.hash);
-    record.extend_from_slice(content);
-    table.insert(key, record.as_slice())?;
-    let total = totals.get(CONTENT_BYTES)?.map_or(0, |v| v.value());
-    let old_len = old.map_or(0, |(_, len)| len as u64);
-    let new_total = (total + content.len() as u64).saturating_sub(old_len);
-    totals.insert(CONTENT_BYTES, new_total)?;
-    Ok(Ok(stamp))
+    let mut header = [0u8; HEADER_LEN];
+    header[..8].copy_from_slice(&stamp.version.to_le_bytes());
+    header[8..40].copy_from_slice(&stamp.hash);
+    header[40..48].copy_from_slice(&(content.len() as u64).to_le_bytes());
+    header[48..].copy_from_slice(&index.to_le_bytes());
+    headers.insert(key, header.as_slice())?;
+    Ok(())
 }
 
-fn record_header(key: &str, record: &[u8]) -> Result<(Stamp, usize), StoreError> {
-    if record.len() < RECORD_HEADER {
+fn read_header(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+) -> Result<Option<Header>, StoreError> {
+    match table.get(key)? {
+        Some(record) => Ok(Some(decode_header(key, record.value())?)),
+        None => Ok(None),
+    }
+}
+
+fn decode_header(key: &str, record: &[u8]) -> Result<Header, StoreError> {
+    let Ok(record) = <&[u8; HEADER_LEN]>::try_from(record) else {
         return Err(StoreError::Corrupt {
             key: key.to_string(),
-            reason: "record shorter than its header",
+            reason: "header has the wrong length",
         });
-    }
-    let mut version = [0u8; 8];
-    version.copy_from_slice(&record[..8]);
+    };
     let mut hash = [0u8; 32];
-    hash.copy_from_slice(&record[8..RECORD_HEADER]);
-    Ok((
-        Stamp {
-            version: u64::from_le_bytes(version),
+    hash.copy_from_slice(&record[8..40]);
+    Ok(Header {
+        stamp: Stamp {
+            version: u64::from_le_bytes(record[..8].try_into().expect("8 bytes")),
             hash,
         },
-        record.len() - RECORD_HEADER,
-    ))
-}
-
-fn decode_record(key: &str, record: &[u8]) -> Result<StoredObject, StoreError> {
-    let (stamp, _) = record_header(key, record)?;
-    let content = &record[RECORD_HEADER..];
-    if content_hash(content) != stamp.hash {
-        return Err(StoreError::Corrupt {
-            key: key.to_string(),
-            reason: "content does not match its hash",
-        });
-    }
-    Ok(StoredObject {
-        stamp,
-        content: Bytes::copy_from_slice(content),
+        len: u64::from_le_bytes(record[40..48].try_into().expect("8 bytes")),
+        chunks: u32::from_le_bytes(record[48..].try_into().expect("4 bytes")),
     })
 }
 
@@ -410,42 +632,119 @@ mod tests {
     }
 
     #[test]
-    fn records_survive_reopening_and_corruption_is_reported() {
+    fn objects_survive_reopening_and_corruption_is_reported() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("objects.redb");
+        let big = Bytes::from(
+            (0..3_000_000u32)
+                .map(|i| (i % 251) as u8)
+                .collect::<Vec<u8>>(),
+        );
         {
             let store = Store::open(&path, 1 << 20).unwrap();
-            store
-                .put("good", stamp(1, b"fine"), Bytes::from_static(b"fine"))
-                .unwrap();
-            store
-                .put("bad", stamp(1, b"fine"), Bytes::from_static(b"fine"))
-                .unwrap();
+            for key in ["good", "bad", "missing", "short"] {
+                store.put(key, stamp(1, &big), big.clone()).unwrap();
+            }
         }
         {
-            // Damage one record behind the store's back, as a disk fault would.
+            // Damage objects behind the store's back, as a disk fault would.
             let db = redb::Database::create(&path).unwrap();
             let txn = db.begin_write().unwrap();
             {
-                let mut table = txn.open_table(OBJECTS).unwrap();
-                let mut record = table.get("bad").unwrap().unwrap().value().to_vec();
-                let last = record.len() - 1;
-                record[last] ^= 0xff;
-                table.insert("bad", record.as_slice()).unwrap();
-                table.insert("short", [1u8, 2, 3].as_slice()).unwrap();
+                let mut chunks = txn.open_table(CHUNKS).unwrap();
+                let mut piece = chunks.get(("bad", 1)).unwrap().unwrap().value().to_vec();
+                piece[7] ^= 0xff;
+                chunks.insert(("bad", 1), piece.as_slice()).unwrap();
+                chunks.remove(("missing", 2)).unwrap();
+                let mut headers = txn.open_table(HEADERS).unwrap();
+                headers.insert("short", [1u8, 2, 3].as_slice()).unwrap();
             }
             txn.commit().unwrap();
         }
         let store = Store::open(&path, 1 << 20).unwrap();
-        assert_eq!(store.get("good").unwrap().unwrap().content, "fine");
-        assert!(matches!(
-            store.get("bad"),
-            Err(StoreError::Corrupt { key, .. }) if key == "bad"
-        ));
-        assert!(matches!(
-            store.get("short"),
-            Err(StoreError::Corrupt { .. })
-        ));
+        assert_eq!(store.get("good").unwrap().unwrap().content, big);
+        for key in ["bad", "missing", "short"] {
+            assert!(
+                matches!(store.get(key), Err(StoreError::Corrupt { key: k, .. }) if k == key),
+                "{key}"
+            );
+        }
+    }
+
+    #[test]
+    fn content_is_cut_into_pieces_that_fill_page_runs() {
+        for len in [0, 1, 4095, 4096, 1 << 20, 8 << 20, 3_000_001] {
+            let sizes: Vec<usize> = chunk_sizes(len, 20).collect();
+            assert_eq!(sizes.iter().sum::<usize>(), len, "{len}");
+            for (i, size) in sizes.iter().enumerate() {
+                let run = size + CHUNK_SLACK + 20;
+                // Every piece but the last fills a power-of-two run of pages exactly.
+                if i + 1 < sizes.len() {
+                    assert!(run.is_power_of_two() && run >= PAGE, "{len}: {size}");
+                }
+                assert!(run <= MAX_CHUNK_PAGES * PAGE, "{len}: {size}");
+            }
+        }
+        assert_eq!(chunk_sizes(8 << 20, 20).count(), 9);
+        // An absurd key still cuts content into a bounded number of pieces.
+        assert!(chunk_sizes(1 << 20, 1 << 21).count() == 1);
+    }
+
+    #[test]
+    fn shrinking_an_object_removes_its_old_pieces() {
+        let store = Store::in_memory(0).unwrap();
+        let big = Bytes::from(vec![1u8; 5 << 20]);
+        store.put("k", stamp(1, &big), big).unwrap();
+        let small = Bytes::from_static(b"small");
+        store.put("k", stamp(2, &small), small.clone()).unwrap();
+        assert_eq!(store.get("k").unwrap().unwrap().content, small);
+        let txn = store.db.begin_read().unwrap();
+        let pieces = txn.open_table(CHUNKS).unwrap().len().unwrap();
+        assert_eq!(pieces, 1);
+        assert_eq!(store.size().unwrap().content_bytes, 5);
+    }
+
+    #[test]
+    fn a_store_in_the_old_layout_is_converted_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("objects.redb");
+        let contents: Vec<(String, Bytes)> = (0..50u8)
+            .map(|i| {
+                (
+                    format!("k{i}"),
+                    Bytes::from(vec![i; 40_000 * usize::from(i)]),
+                )
+            })
+            .collect();
+        {
+            let db = redb::Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut legacy = txn.open_table(LEGACY).unwrap();
+                for (key, content) in &contents {
+                    let s = stamp(3, content);
+                    let mut record = s.version.to_le_bytes().to_vec();
+                    record.extend_from_slice(&s.hash);
+                    record.extend_from_slice(content);
+                    legacy.insert(key.as_str(), record.as_slice()).unwrap();
+                }
+                legacy.insert("unreadable", [9u8; 5].as_slice()).unwrap();
+                let mut totals = txn.open_table(TOTALS).unwrap();
+                let total = contents.iter().map(|(_, c)| c.len() as u64).sum::<u64>();
+                totals.insert(CONTENT_BYTES, total).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let store = Store::open(&path, 1 << 20).unwrap();
+        for (key, content) in &contents {
+            let object = store.get(key).unwrap().unwrap();
+            assert_eq!(object.stamp, stamp(3, content));
+            assert_eq!(&object.content, content);
+        }
+        assert_eq!(store.get("unreadable").unwrap(), None);
+        assert_eq!(store.size().unwrap().objects, 50);
+        let txn = store.db.begin_read().unwrap();
+        assert!(!txn.list_tables().unwrap().any(|t| t.name() == "objects"));
     }
 
     #[test]
@@ -508,7 +807,7 @@ mod tests {
                 .put(&format!("k{i}"), stamp(1, &content), content)
                 .unwrap();
         }
-        assert!(store.cache().bytes <= 4096);
+        assert!(store.cache().bytes <= 2048);
         assert_eq!(store.get("k0").unwrap().unwrap().content.len(), 500);
         assert_eq!(store.size().unwrap().objects, 100);
     }

@@ -56,7 +56,7 @@ pub(crate) async fn page() -> Response {
 pub(crate) async fn data(
     State(service): State<ObjectService>,
 ) -> Result<Response, ObjectServiceError> {
-    let status = super::status_json(&service)?;
+    let status = super::status_json(&service).await?;
     let text = service.node().metrics().encode_prometheus_text();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::net::store::StoreError;
 use crate::proto::cas::{self, CasAnswer, Phase, Precondition};
-use crate::proto::object::{content_hash, Refusal, Stamp};
+use crate::proto::object::{Refusal, Stamp};
 
 use super::drive::{drive, Leftover};
 use super::{lock, ObjectService, ObjectServiceError, ReplicaError, WriteOutcome};
@@ -186,10 +186,7 @@ impl ObjectService {
             Precondition::Matches(stamp) => Some(stamp.version),
             Precondition::Absent => None,
         };
-        let stamp = Stamp {
-            version: self.next_version(key, after)?,
-            hash: content_hash(&content),
-        };
+        let stamp = self.next_stamp(key, &content, after).await?;
         let replicas = self.replicas(key);
         let quorum = self.inner.config.write_quorum.min(replicas.len()).max(1);
         let prepare = Phase::Prepare(precondition);

@@ -384,13 +384,33 @@ impl ObjectService {
                 (bucket.bucket, entries)
             })
             .collect();
+        let wanted: Vec<(usize, String)> = listed
+            .iter()
+            .filter(|bucket| !bucket.complete)
+            .flat_map(|bucket| {
+                bucket
+                    .entries
+                    .iter()
+                    .map(|e| (bucket.bucket, e.key.clone()))
+            })
+            .collect();
+        let held = self
+            .on_store(move |store| {
+                wanted
+                    .into_iter()
+                    .filter_map(|(bucket, key)| match store.header(&key) {
+                        Ok(Some((stamp, _))) => Some(Ok((bucket, key, stamp))),
+                        Ok(None) => None,
+                        Err(error) => Some(Err(error)),
+                    })
+                    .collect::<Result<Vec<_>, StoreError>>()
+            })
+            .await??;
         for bucket in listed.iter().filter(|bucket| !bucket.complete) {
-            let own = mine.entry(bucket.bucket).or_default();
-            for entry in &bucket.entries {
-                if let Some((stamp, _)) = self.inner.store.header(&entry.key)? {
-                    own.push((entry.key.clone(), stamp));
-                }
-            }
+            mine.entry(bucket.bucket).or_default();
+        }
+        for (bucket, key, stamp) in held {
+            mine.entry(bucket).or_default().push((key, stamp));
         }
         Ok(mine)
     }
@@ -424,19 +444,24 @@ impl ObjectService {
                 }
             }
             if batch.len() == PULL_BATCH {
-                pulled += self.store_pulled(std::mem::take(&mut batch));
+                pulled += self.store_pulled(std::mem::take(&mut batch)).await;
             }
         }
-        pulled + self.store_pulled(batch)
+        pulled + self.store_pulled(batch).await
     }
 
     /// Stores pulled copies in one transaction; returns how many the store now holds as pulled.
-    fn store_pulled(&self, batch: Vec<(String, Stamp, Bytes)>) -> usize {
+    async fn store_pulled(&self, batch: Vec<(String, Stamp, Bytes)>) -> usize {
         if batch.is_empty() {
             return 0;
         }
-        match self.inner.store.put_batch(&batch) {
-            Ok(held) => {
+        let copies = batch.len();
+        let stored = self
+            .on_store(move |store| store.put_batch(&batch).map(|held| (held, batch)))
+            .await
+            .and_then(|stored| stored);
+        match stored {
+            Ok((held, batch)) => {
                 let stored = batch
                     .iter()
                     .zip(&held)
@@ -452,7 +477,7 @@ impl ObjectService {
                 stored
             }
             Err(error) => {
-                tracing::warn!(%error, copies = batch.len(), "anti-entropy could not store pulled copies");
+                tracing::warn!(%error, copies, "anti-entropy could not store pulled copies");
                 0
             }
         }
@@ -530,7 +555,7 @@ impl ObjectService {
 
     /// Sends `peer` this node's current copy of `key`; `Ok(true)` when it acknowledged holding it.
     async fn push_one(&self, peer: PeerId, key: &str) -> Result<bool, ReplicaError> {
-        let Some(object) = self.inner.store.get(key)? else {
+        let Some(object) = self.local_copy(key).await? else {
             return Ok(false);
         };
         let clock = self.tick()?;

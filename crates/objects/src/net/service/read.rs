@@ -108,7 +108,7 @@ impl ObjectService {
         // quorum answered: serving it is as good as serving the winner, and better than a 502.
         let current =
             |stamp: Stamp| stamp == winner || crate::proto::entropy::wins(&stamp, &winner);
-        if let Some(local) = self.inner.store.get(key)? {
+        if let Some(local) = self.local_copy(key).await? {
             if current(local.stamp) {
                 return Ok(local);
             }
