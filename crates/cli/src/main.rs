@@ -110,6 +110,7 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
         .http(settings.http)
         .http_limits(settings.http_limits.clone())
         .http_auth(settings.http_auth.clone())
+        .topics(settings.topics.clone())
         .bind(settings.listen, |config| settings.apply(config))
         .await?;
     let node = daemon.node().clone();
@@ -120,6 +121,13 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
         http = %format!("http://{}", daemon.http_address().unwrap_or(settings.http)),
         "node running; stop with ctrl-c or SIGTERM"
     );
+    if let Some(topics) = daemon.topics() {
+        let names: Vec<&String> = topics.topics().keys().collect();
+        tracing::info!(
+            topics = ?names,
+            "gossip topics: POST /topics/{{name}} publishes, GET /topics/{{name}}/events subscribes"
+        );
+    }
     let members = daemon.service().members();
     if members.len() == 1 {
         tracing::warn!(

@@ -1,6 +1,6 @@
 //! Read `meshwire node` settings from a TOML file and command-line flags (flags win).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use meshwire::{Congestion, Keypair, NodeConfig, PeerId};
-use meshwire_objects::net::{HttpAuth, HttpLimits};
+use meshwire_gossip::proto::{ClassId, Relay};
+use meshwire_objects::net::{HttpAuth, HttpLimits, TopicPolicy, TopicsConfig};
 use serde::Deserialize;
 
 /// Flags of `meshwire node`.
@@ -125,6 +126,30 @@ struct FileSettings {
     http: FileHttp,
     #[serde(default)]
     objects: FileObjects,
+    #[serde(default)]
+    gossip: FileGossip,
+}
+
+/// The `[gossip]` table: publish/subscribe topics and their subscribers (see docs/node.md).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileGossip {
+    subscriber_buffer: Option<usize>,
+    max_subscribers: Option<usize>,
+    /// Topic name to policy; absent: the one topic `default`.
+    topics: Option<BTreeMap<String, FileTopic>>,
+}
+
+/// One `[gossip.topics.NAME]` table.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileTopic {
+    relay: Option<String>,
+    max_bytes: Option<usize>,
+    push_whole_max_bytes: Option<u32>,
+    latency_sensitive: Option<bool>,
+    expiry_ms: Option<u64>,
+    class: Option<u8>,
 }
 
 /// The `[http]` table: the HTTP API's limits and token policy (see docs/node.md).
@@ -185,6 +210,8 @@ pub struct Settings {
     pub http_limits: HttpLimits,
     pub http_auth: HttpAuth,
     pub objects: meshwire_objects::net::ObjectConfig,
+    /// Publish/subscribe topics (`[gossip]`).
+    pub topics: TopicsConfig,
     /// The store's memory budget (redb's page cache and the object cache).
     pub store_memory_bytes: usize,
     /// The object cluster's other members (this node is always one).
@@ -235,6 +262,7 @@ impl Settings {
             .collect::<anyhow::Result<Vec<_>>>()?;
         members.extend(args.members.iter().copied());
         let http_limits = http_limits(&file.http)?;
+        let topics = topics_config(&file.gossip)?;
         let http_auth = HttpAuth {
             require_token: file.http.require_token,
             metrics_open: file.http.metrics_open.unwrap_or(false),
@@ -260,6 +288,7 @@ impl Settings {
             http_limits,
             http_auth,
             objects,
+            topics,
             store_memory_bytes: file
                 .objects
                 .store_memory_bytes
@@ -285,6 +314,14 @@ impl Settings {
             .validate_for(self.objects.max_object_bytes)
             .context("[http] is invalid")?;
         self.http_auth.check(self.http)?;
+        self.topics.resolve().context("[gossip] is invalid")?;
+        if self.topics.max_subscribers >= self.http_limits.max_connections {
+            bail!(
+                "[gossip] max_subscribers ({}) must be below [http] max_connections ({})",
+                self.topics.max_subscribers,
+                self.http_limits.max_connections
+            );
+        }
         let who = match &identity {
             Some(keypair) => format!(
                 "peer {} ({})",
@@ -305,6 +342,12 @@ impl Settings {
             .count();
         let mut members: HashSet<PeerId> = self.members.iter().copied().collect();
         members.extend(own);
+        let names: Vec<&str> = self.topics.topics.keys().map(String::as_str).collect();
+        let topics = match names.len() {
+            1 => format!("topic {}", names[0]),
+            2..=4 => format!("topics {}", names.join(", ")),
+            count => format!("{count} topics"),
+        };
         let token = if self.token_required() {
             "token required"
         } else {
@@ -312,7 +355,7 @@ impl Settings {
         };
         Ok(format!(
             "config ok: {who}; udp {}; http {} ({token}); {} peers; {} members; \
-             replication {}, write quorum {}, read quorum {}",
+             replication {}, write quorum {}, read quorum {}; {topics}",
             self.listen,
             self.http,
             peers,
@@ -430,6 +473,49 @@ fn http_limits(file: &FileHttp) -> anyhow::Result<HttpLimits> {
     }
     limits.validate().context("[http] is invalid")?;
     Ok(limits)
+}
+
+fn topics_config(file: &FileGossip) -> anyhow::Result<TopicsConfig> {
+    let mut config = TopicsConfig::default();
+    if let Some(buffer) = file.subscriber_buffer {
+        config.subscriber_buffer = buffer;
+    }
+    if let Some(max) = file.max_subscribers {
+        config.max_subscribers = max;
+    }
+    if let Some(topics) = &file.topics {
+        config.topics = topics
+            .iter()
+            .map(|(name, topic)| Ok((name.clone(), topic_policy(name, topic)?)))
+            .collect::<anyhow::Result<_>>()?;
+    }
+    config.resolve().context("[gossip] is invalid")?;
+    Ok(config)
+}
+
+fn topic_policy(name: &str, file: &FileTopic) -> anyhow::Result<TopicPolicy> {
+    let mut policy = TopicPolicy::default();
+    if let Some(relay) = &file.relay {
+        policy.relay = match relay.as_str() {
+            "all" => Relay::All,
+            "origin" => Relay::Origin,
+            other => bail!("[gossip.topics.{name}] relay {other:?} is not \"all\" or \"origin\""),
+        };
+    }
+    if let Some(bytes) = file.max_bytes {
+        policy.max_bytes = bytes;
+    }
+    if let Some(bytes) = file.push_whole_max_bytes {
+        policy.push_whole_max_bytes = bytes;
+    }
+    if let Some(sensitive) = file.latency_sensitive {
+        policy.latency_sensitive = sensitive;
+    }
+    if let Some(ms) = file.expiry_ms {
+        policy.expiry = Duration::from_millis(ms);
+    }
+    policy.class = file.class.map(ClassId);
+    Ok(policy)
 }
 
 fn parse_congestion(name: &str) -> anyhow::Result<Congestion> {
@@ -558,6 +644,49 @@ mod tests {
             error.contains("max_connections must be positive"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn gossip_table_sets_topics_and_subscriber_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        let settings = Settings::load(&args(None)).unwrap();
+        assert_eq!(settings.topics, TopicsConfig::default());
+        std::fs::write(
+            &path,
+            "[gossip]\nsubscriber_buffer = 8\nmax_subscribers = 4\n\
+             [gossip.topics.blocks]\nrelay = \"origin\"\nmax_bytes = 4096\nexpiry_ms = 1000\n\
+             [gossip.topics.\"shares.v1\"]\nclass = 7\nlatency_sensitive = true\n",
+        )
+        .unwrap();
+        let settings = Settings::load(&args(Some(path.clone()))).unwrap();
+        assert_eq!(settings.topics.subscriber_buffer, 8);
+        assert_eq!(settings.topics.max_subscribers, 4);
+        let names: Vec<_> = settings.topics.topics.keys().cloned().collect();
+        assert_eq!(names, ["blocks", "shares.v1"]);
+        let blocks = settings.topics.topics["blocks"];
+        assert_eq!(blocks.relay, Relay::Origin);
+        assert_eq!(blocks.max_bytes, 4096);
+        assert_eq!(blocks.expiry, Duration::from_secs(1));
+        assert_eq!(settings.topics.topics["shares.v1"].class, Some(ClassId(7)));
+        for (text, expected) in [
+            ("[gossip.topics.\"a b\"]\n", "not 1 to 64 characters"),
+            ("[gossip.topics.t]\nrelay = \"some\"\n", "relay"),
+            ("[gossip.topics.t]\nmax_bytes = 2000000\n", "max_bytes"),
+            ("[gossip.topics.t]\nttl = 3\n", "unknown field"),
+            ("[gossip]\nsubscriber_buffer = 0\n", "subscriber_buffer"),
+            (
+                "[gossip.topics.a]\nclass = 1\n[gossip.topics.b]\nclass = 1\n",
+                "class 1",
+            ),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let error = format!(
+                "{:#}",
+                Settings::load(&args(Some(path.clone()))).unwrap_err()
+            );
+            assert!(error.contains(expected), "{text}: {error}");
+        }
     }
 
     #[test]

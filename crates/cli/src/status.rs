@@ -443,8 +443,32 @@ pub fn table(data: &Value) -> String {
         .collect();
     classes.sort_unstable();
     classes.dedup();
+    let topics_run = samples(data, "meshwire_topic_subscribers", &[])
+        .next()
+        .is_some();
     if classes.is_empty() {
-        let _ = writeln!(out, "gossip   not running on this node");
+        let line = if topics_run {
+            "gossip   running (topics), nothing carried yet"
+        } else {
+            "gossip   not running on this node"
+        };
+        let _ = writeln!(out, "{line}");
+    }
+    if topics_run {
+        let _ = writeln!(
+            out,
+            "topics   {} subscribers, {} published here, {} received, {} subscribers dropped \
+             (lagged), {} refused",
+            total(data, "meshwire_topic_subscribers", &[]),
+            total(data, "meshwire_topic_published_total", &[]),
+            total(data, "meshwire_topic_received_total", &[]),
+            total(
+                data,
+                "meshwire_topic_subscribers_dropped_total",
+                &[("reason", "lagged")]
+            ),
+            total(data, "meshwire_topic_refused_total", &[]),
+        );
     }
     for class in classes {
         let count = |kind: &str, direction: &str| {
@@ -584,5 +608,44 @@ mod tests {
         );
         assert!(table.contains("connected"), "{table}");
         assert!(table.contains("gossip   not running"), "{table}");
+        assert!(!table.contains("topics"), "{table}");
+    }
+
+    #[test]
+    fn the_table_shows_topics_when_the_node_runs_them() {
+        let mut data = data(json!([peer("a", true)]), &["me", "a"], 0);
+        let metrics = data["metrics"].as_array_mut().unwrap();
+        for (name, labels, value) in [
+            ("meshwire_topic_subscribers", json!({}), 2.0),
+            (
+                "meshwire_topic_published_total",
+                json!({"topic": "news"}),
+                5.0,
+            ),
+            (
+                "meshwire_topic_received_total",
+                json!({"topic": "news"}),
+                7.0,
+            ),
+            (
+                "meshwire_topic_subscribers_dropped_total",
+                json!({"reason": "lagged"}),
+                1.0,
+            ),
+        ] {
+            metrics.push(json!({"name": name, "labels": labels, "value": value}));
+        }
+        let table = table(&data);
+        assert!(
+            table.contains("gossip   running (topics), nothing carried yet"),
+            "{table}"
+        );
+        assert!(
+            table.contains(
+                "topics   2 subscribers, 5 published here, 7 received, 1 subscribers dropped \
+                 (lagged), 0 refused"
+            ),
+            "{table}"
+        );
     }
 }

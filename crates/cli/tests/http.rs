@@ -792,3 +792,71 @@ fn a_non_loopback_http_address_without_a_token_is_refused() {
     assert!(stderr.contains("not a loopback address"), "{stderr}");
     assert!(stderr.contains("--danger-http-without-token"), "{stderr}");
 }
+
+/// Opens `GET /topics/{topic}/events` and returns the connection once the stream has started.
+fn subscribe(address: SocketAddr, topic: &str) -> TcpStream {
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    write!(
+        stream,
+        "GET /topics/{topic}/events HTTP/1.1\r\nHost: {address}\r\n\r\n"
+    )
+    .unwrap();
+    let head = read_until(&mut stream, b"\r\n\r\n");
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("text/event-stream"), "{head}");
+    stream
+}
+
+/// Reads from `stream` until what was read contains `needle` (panics on EOF or a 20 s silence).
+fn read_until(stream: &mut TcpStream, needle: &[u8]) -> Vec<u8> {
+    let mut raw = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !raw.windows(needle.len()).any(|w| w == needle) {
+        let read = stream.read(&mut buffer).expect("the stream goes on");
+        assert!(
+            read > 0,
+            "the stream ended: {}",
+            String::from_utf8_lossy(&raw)
+        );
+        raw.extend_from_slice(&buffer[..read]);
+    }
+    raw
+}
+
+#[test]
+fn a_topic_from_the_config_file_carries_a_publish_to_every_node() {
+    let cluster = Cluster::start_configured(
+        3,
+        0,
+        "[gossip]\nsubscriber_buffer = 8\n[gossip.topics.news]\nmax_bytes = 256\n",
+    );
+    let mut subscribers: Vec<TcpStream> = (0..3)
+        .map(|index| subscribe(cluster.http(index), "news"))
+        .collect();
+    let published = http(cluster.http(0), "POST", "/topics/news", b"hello-cli").unwrap();
+    assert_eq!(published.status, 202);
+    let id = published.json()["id"].as_str().unwrap().to_string();
+    for subscriber in &mut subscribers {
+        let events = read_until(subscriber, b"\"text\":\"hello-cli\"");
+        let events = String::from_utf8_lossy(&events).to_string();
+        assert!(events.contains(&format!("id: {id}")), "{events}");
+        assert!(events.contains(&format!("\"origin\":\"{}\"", cluster.members[0].id)));
+    }
+    // The file lists its topics: the default topic is not among them.
+    assert_error(
+        &http(cluster.http(1), "POST", "/topics/default", b"x").unwrap(),
+        404,
+        "unknown_topic",
+    );
+    let oversize = http(cluster.http(1), "POST", "/topics/news", &[b'x'; 257]).unwrap();
+    assert_eq!(assert_error(&oversize, 413, "too_large")["max_bytes"], 256);
+    assert_error(
+        &http(cluster.http(2), "POST", "/topics/bad%2Fname", b"x").unwrap(),
+        400,
+        "invalid_topic",
+    );
+}

@@ -12,7 +12,9 @@
 //! `net/service/read.rs` (quorum reads, read repair), `net/service/serve.rs` (answering and refusing
 //! other nodes' requests), `net/service/entropy.rs` (the anti-entropy loop and its exchanges),
 //! with the driver `net/service/drive.rs`, which only sends, awaits and reads the clock;
-//! `net/store.rs` (redb); `net/http.rs` (axum); and `net/daemon.rs`: `Daemon::builder(config)`
+//! `net/store.rs` (redb); `net/http.rs` (axum); `net/topics.rs` and `net/http/topics.rs`
+//! (publish/subscribe topics over the node's gossip, with the name rules, class mapping and
+//! envelope in the sans-IO [`proto::topic`]); and `net/daemon.rs`: `Daemon::builder(config)`
 //! assembles the identity, node, store (`objects.redb` in the data directory, or in memory),
 //! object service and optional HTTP API once, and has one `shutdown()`. `meshwire node`,
 //! `meshwire demo` and the lab's quorum-reads experiment all use it.
@@ -121,6 +123,9 @@
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 when `Accept` prefers `application/openmetrics-text` (node metrics plus `meshwire_object_reads_total{outcome}`, `meshwire_object_writes_total{outcome}` (`ok`, `quorum_not_reached`, `precondition_failed`, `conflict`, `error`), `meshwire_object_read_duration_seconds` and `meshwire_object_write_duration_seconds` (histograms of successful operations), `meshwire_start_time_seconds`, `meshwire_object_read_repairs_total`, `meshwire_object_read_requests_total`, `meshwire_object_refused_requests_total{reason}`, `meshwire_object_refused_answers_total{reason}` with reasons `not_member`, `clock_skew`, `version_limit`, the anti-entropy metrics `meshwire_object_anti_entropy_rounds_total`, `..._exchanges_total{outcome}` (`in_sync`, `repaired`, `unrepaired`, `failed`), `..._repaired_keys_total{direction}` (`pulled`, `pushed`), `..._sent_bytes_total`, `..._received_bytes_total`, `..._errors_total{reason}`, `..._scan_seconds`, `meshwire_http_refused_total{reason}`, `meshwire_http_connections`) |
 //! | `GET /dashboard` | the live dashboard: one static HTML page, open without the token; it reads the token from `#token=` in its URL |
 //! | `GET /dashboard/data` | `{now_unix_seconds, status, metrics}`: the `/status` body and every `/metrics` sample as `{name, labels, value}` (what the dashboard and `meshwire status` poll) |
+//! | `GET /topics` | the node's topics: `name`, `class`, `relay`, `max_bytes`, `push_whole_max_bytes`, `latency_sensitive`, `expiry_ms`, `subscribers` (when the daemon runs topics, as `meshwire node` does) |
+//! | `POST /topics/{name}` (body = message) | `202` `{"id","topic","class","sequence","bytes"}`: published to every peer over gossip and to this node's subscribers |
+//! | `GET /topics/{name}/events` | `200 text/event-stream`: every message of the topic as a server-sent event (see [`net::http::topics`]); `meshwire_topic_*` metrics in [`net::topics`] |
 //!
 //! Errors are JSON `{"error": CODE, "message": TEXT, ...}`:
 //!
@@ -129,6 +134,8 @@
 //! | 400 | `invalid_key` | key empty, too long, bad characters, `.` or `..` | |
 //! | 400 | `invalid_path` | the key is not UTF-8 (`/objects/%FF`) | |
 //! | 400 | `bad_request` | another malformed request (such as `?local=maybe`) | |
+//! | 400 | `invalid_topic` | a topic name that is not `[A-Za-z0-9._-]{1,64}` | |
+//! | 404 | `unknown_topic` | a valid name that is not one of the node's topics | |
 //! | 400 | `invalid_precondition` | `If-Match` is not one ETag of this API (`*` and weak tags included), `If-None-Match` is not `*`, or both are present | |
 //! | 401 | `unauthorized` | the token is required and missing, or a wrong one was sent | |
 //! | 404 | `not_found` | no replica (or, local read, this node) holds the key | |
@@ -137,11 +144,14 @@
 //! | 408 | `body_timeout` | the body paused too long or arrived too slowly; the connection closes | `reason` |
 //! | 409 | `conflict` | a conditional write: other conditional writes on the key held too many replicas; nothing was written, retry | `needed`, `prepared` |
 //! | 412 | `precondition_failed` | a conditional write: a replica's current copy does not match; nothing was written | `current_etag` (newest reported, or null) |
-//! | 413 | `too_large` | body over `max_object_bytes` | `max_bytes` |
+//! | 413 | `too_large` | body over `max_object_bytes` (a topic: over its `max_bytes`) | `max_bytes` |
 //! | 503 | `quorum_not_reached` | a read: fewer replicas answered than the read quorum before the deadline | `needed`, `reached`, `asked` |
 //! | 503 | `quorum_not_reached` | a write: fewer than W acks (for a conditional write: commits) before the deadline; the write may still apply | `needed`, `reached` (acks), `asked`, `superseded` (replicas holding a winning copy), `outcome: "unknown"` |
 //! | 503 | `quorum_not_reached` | a conditional write: fewer than W replicas prepared before the deadline; nothing was written | `needed`, `reached`, `asked`, `outcome: "not_applied"` |
 //! | 503 | `busy` | over a connection or request cap (header `Retry-After`) | `retry_after_secs` |
+//! | 503 | `too_many_subscribers` | every topic subscriber slot is taken (header `Retry-After`) | |
+//! | 503 | `shutting_down` | a publish or subscription while the node shuts down | |
+//! | 503 | `publish_refused` | gossip refused a publish (its pool is full) | |
 //! | 502 | `content_unavailable` | the quorum agreed on a copy but no holder delivered its content | |
 //! | 500 | `store_error` | the local store failed or holds a corrupt record | |
 //! | 500 | `clock_exhausted` | this node's hybrid clock reached `u64::MAX - 1` and cannot version a write | |

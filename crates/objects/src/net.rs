@@ -4,6 +4,7 @@ pub mod daemon;
 pub mod http;
 pub mod service;
 pub mod store;
+pub mod topics;
 
 pub use daemon::{Daemon, DaemonBuilder, DaemonError};
 pub use http::auth::{AuthError, HttpAuth, Token, TOKEN_FILE};
@@ -15,4 +16,8 @@ pub use service::{
 };
 pub use store::{
     Store, StoreError, StoredObject, DEFAULT_MEMORY_BYTES as DEFAULT_STORE_MEMORY_BYTES,
+};
+pub use topics::{
+    EndReason, Published, Subscription, SubscriptionItem, TopicEvent, TopicInfo, TopicPolicy,
+    Topics, TopicsConfig, TopicsError,
 };

@@ -15,8 +15,12 @@
 //!   memory only without one). A non-loopback address served without a token is refused here,
 //!   before anything listens.
 //!
-//! [`Daemon::shutdown`] stops accepting HTTP connections, lets requests in flight finish within
-//! [`HttpLimits::shutdown_grace`] (then cuts them), flushes the store and closes the node's
+//! - Topics (publish/subscribe, [`super::topics`]) run only when [`DaemonBuilder::topics`] asked
+//!   for them: they take the node's gossip protocol. Their subscriber cap must stay below the
+//!   HTTP connection cap, checked here too.
+//!
+//! [`Daemon::shutdown`] ends every topic subscription, stops accepting HTTP connections, lets
+//! requests in flight finish within [`HttpLimits::shutdown_grace`] (then cuts them), flushes the store and closes the node's
 //! connections with a reason. Dropping a daemon without it also stops the HTTP API, but leaves
 //! the node to its other handles.
 
@@ -38,6 +42,7 @@ use super::service::{
     ObjectConfig, ObjectService, ObjectServiceError, PhysicalClock, ServiceOptions,
 };
 use super::store::{Store, StoreError, DEFAULT_MEMORY_BYTES};
+use super::topics::{Topics, TopicsConfig, TopicsError};
 
 /// The store's file in a data directory.
 pub const STORE_FILE: &str = "objects.redb";
@@ -93,6 +98,19 @@ pub enum DaemonError {
     /// The HTTP token could not be set up, or would be missing off loopback.
     #[error(transparent)]
     HttpAuth(#[from] AuthError),
+    /// The topics are misconfigured, or gossip could not start.
+    #[error(transparent)]
+    Topics(#[from] TopicsError),
+    /// More topic subscribers allowed than HTTP connections.
+    #[error(
+        "[gossip] max_subscribers ({subscribers}) must be below [http] max_connections ({connections})"
+    )]
+    SubscribersOverConnections {
+        /// The subscriber cap.
+        subscribers: usize,
+        /// The connection cap.
+        connections: usize,
+    },
     /// The HTTP API's task panicked.
     #[error("the HTTP API task failed: {0}")]
     HttpTask(#[from] tokio::task::JoinError),
@@ -110,6 +128,7 @@ pub struct DaemonBuilder {
     options: ServiceOptions,
     http_limits: HttpLimits,
     http_auth: HttpAuth,
+    topics: Option<TopicsConfig>,
 }
 
 impl DaemonBuilder {
@@ -157,6 +176,12 @@ impl DaemonBuilder {
         self
     }
 
+    /// Run publish/subscribe topics over gossip on the node (and their routes on the HTTP API).
+    pub fn topics(mut self, topics: TopicsConfig) -> Self {
+        self.topics = Some(topics);
+        self
+    }
+
     /// Seed the object service's exploration RNG, so runs repeat exactly.
     pub fn seed(mut self, seed: u64) -> Self {
         self.options.seed = Some(seed);
@@ -197,6 +222,15 @@ impl DaemonBuilder {
         if let Some(address) = self.http {
             self.http_auth.check(address)?;
         }
+        if let Some(topics) = &self.topics {
+            topics.resolve()?;
+            if topics.max_subscribers >= self.http_limits.max_connections {
+                return Err(DaemonError::SubscribersOverConnections {
+                    subscribers: topics.max_subscribers,
+                    connections: self.http_limits.max_connections,
+                });
+            }
+        }
         Ok(())
     }
 
@@ -230,11 +264,16 @@ impl DaemonBuilder {
         let service = ObjectService::new(node, store, self.objects, self.options)?;
         register_start_time(service.node());
         let anti_entropy = service.spawn_anti_entropy().map(AbortOnDrop);
+        let topics = match &self.topics {
+            Some(config) => Some(Topics::start(service.node(), config)?),
+            None => None,
+        };
         let http = match (self.http, token) {
             (Some(address), Some(token)) => Some(
                 HttpServer::start(
                     address,
                     service.clone(),
+                    topics.clone(),
                     self.http_limits,
                     &self.http_auth,
                     token,
@@ -245,6 +284,7 @@ impl DaemonBuilder {
         };
         Ok(Daemon {
             service,
+            topics,
             http,
             anti_entropy,
         })
@@ -292,6 +332,7 @@ impl HttpServer {
     async fn start(
         address: SocketAddr,
         service: ObjectService,
+        topics: Option<Topics>,
         limits: HttpLimits,
         auth: &HttpAuth,
         token: Token,
@@ -304,7 +345,7 @@ impl HttpServer {
             .await
             .map_err(listen_error)?;
         let bound = listener.local_addr().map_err(listen_error)?;
-        let router = super::http::router(service, gate, &limits);
+        let router = super::http::router(service, topics, gate, &limits);
         // Dropping the sender (with the daemon) stops the server as sending does.
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(super::http::serve::serve(
@@ -338,6 +379,7 @@ impl HttpServer {
 #[derive(Debug)]
 pub struct Daemon {
     service: ObjectService,
+    topics: Option<Topics>,
     http: Option<HttpServer>,
     anti_entropy: Option<AbortOnDrop>,
 }
@@ -353,6 +395,7 @@ impl Daemon {
             options: ServiceOptions::default(),
             http_limits: HttpLimits::default(),
             http_auth: HttpAuth::default(),
+            topics: None,
         }
     }
 
@@ -364,6 +407,11 @@ impl Daemon {
     /// The object service (its store is [`ObjectService::store`]).
     pub fn service(&self) -> &ObjectService {
         &self.service
+    }
+
+    /// The topics, if they run.
+    pub fn topics(&self) -> Option<&Topics> {
+        self.topics.as_ref()
     }
 
     /// Where the HTTP API listens, if it runs.
@@ -386,12 +434,16 @@ impl Daemon {
         self.http.as_ref().map(|http| &http.metrics)
     }
 
-    /// Stops anti-entropy and accepting HTTP connections, lets requests in flight finish (bounded by
+    /// Ends every topic subscription (its stream's last event says `shutdown`), stops
+    /// anti-entropy and accepting HTTP connections, lets requests in flight finish (bounded by
     /// [`HttpLimits::shutdown_grace`]), then closes the node's connections with a reason and
     /// waits for the endpoint to go idle. The store is flushed: every write was committed
     /// durably when it was acknowledged, and its file is closed when the last handle drops.
     pub async fn shutdown(self) -> Result<(), DaemonError> {
         drop(self.anti_entropy);
+        if let Some(topics) = &self.topics {
+            topics.close();
+        }
         let http = match self.http {
             Some(http) => http.stop().await,
             None => Ok(()),

@@ -11,14 +11,15 @@
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 when `Accept` prefers `application/openmetrics-text` |
 //! | `GET /dashboard` | the live dashboard, one static HTML page; served without the token (it holds no data) and reads it from `#token=` in its URL |
 //! | `GET /dashboard/data` | JSON `{now_unix_seconds, status, metrics}`: the `/status` body and every sample of the `/metrics` registry as `{name, labels, value}`, what the dashboard and `meshwire status` poll |
+//! | `GET /topics`, `POST /topics/{name}`, `GET /topics/{name}/events` | publish/subscribe, when the daemon runs topics: see [`topics`] |
 //!
 //! Errors are JSON `{"error": code, "message": text, ...}` with these statuses: `400 invalid_key`,
 //! `400 invalid_path` (a key that is not UTF-8), `400 bad_request` (other malformed requests),
-//! `400 invalid_precondition`, `401 unauthorized`, `404 not_found`, `404 no_route`, `405
+//! `400 invalid_precondition`, `400 invalid_topic`, `401 unauthorized`, `404 not_found`, `404 unknown_topic`, `404 no_route`, `405
 //! method_not_allowed`, `408 body_timeout`, `409 conflict`, `412 precondition_failed` (with
 //! `current_etag`), `413 too_large` (with `max_bytes`), `503 quorum_not_reached` (with `needed`,
 //! `reached`, `asked`; a write adds `superseded` and `outcome: "unknown"`), `503 busy` (with
-//! `Retry-After`), `502 content_unavailable`, `500 store_error`, `500 clock_exhausted`. Only a request hyper cannot parse at all (a malformed request line, raw
+//! `Retry-After`), `503 too_many_subscribers`, `503 shutting_down`, `503 publish_refused`, `502 content_unavailable`, `500 store_error`, `500 clock_exhausted`. Only a request hyper cannot parse at all (a malformed request line, raw
 //! non-UTF-8 bytes in the path rather than `%FF`, headers over its buffer) gets hyper's own empty
 //! `400`/`431` before the connection closes.
 //!
@@ -30,6 +31,7 @@ pub mod dashboard;
 pub mod errors;
 pub mod limits;
 pub mod serve;
+pub mod topics;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -43,13 +45,14 @@ use axum::{middleware, Json, Router};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use self::auth::Gate;
 use self::errors::{error, KeyPath};
 use self::limits::HttpLimits;
 use super::service::{ObjectService, ObjectServiceError};
 use super::store::StoredObject;
+use super::topics::Topics;
 use crate::proto::cas::{etag, parse_precondition};
 
 /// Size of the chunks a response body is streamed in.
@@ -66,9 +69,29 @@ struct BodyBudget {
     metrics: serve::HttpMetrics,
 }
 
-/// The API's routes over `service`, without limits or authentication.
-fn routes(service: ObjectService) -> Router {
-    Router::new()
+impl BodyBudget {
+    /// Reserves `bytes` of body until the permit drops; `None` (counted as `body_budget`) when
+    /// they do not fit.
+    fn reserve(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let reserved = u32::try_from(bytes.div_ceil(1024).max(1))
+            .ok()
+            .and_then(|kib| self.kib.clone().try_acquire_many_owned(kib).ok());
+        if reserved.is_none() {
+            self.metrics.refuse("body_budget");
+        }
+        reserved
+    }
+
+    /// The `503 busy` of a body that did not fit.
+    fn busy(&self) -> Response {
+        errors::busy(&self.limits)
+    }
+}
+
+/// The API's routes over `service` (and `topics`, when the node runs them), without limits or
+/// authentication.
+fn routes(service: ObjectService, topics: Option<Topics>) -> Router {
+    let router = Router::new()
         .route("/objects/{key}", get(get_object).put(put_object))
         .route("/status", get(status))
         .route("/peers", get(peers))
@@ -76,11 +99,20 @@ fn routes(service: ObjectService) -> Router {
         .route(dashboard::PAGE_PATH, get(dashboard::page))
         .route("/dashboard/data", get(dashboard::data))
         .fallback(no_route)
-        .with_state(service)
+        .with_state(service);
+    match topics {
+        Some(topics) => router.merge(self::topics::routes(topics)),
+        None => router,
+    }
 }
 
 /// The routes behind the request cap and the token check, with every error in JSON.
-pub(crate) fn router(service: ObjectService, gate: Gate, limits: &HttpLimits) -> Router {
+pub(crate) fn router(
+    service: ObjectService,
+    topics: Option<Topics>,
+    gate: Gate,
+    limits: &HttpLimits,
+) -> Router {
     let requests = Arc::new(Semaphore::new(limits.max_concurrent_requests));
     let busy = Arc::new(limits.clone());
     let counted = gate.clone();
@@ -91,7 +123,7 @@ pub(crate) fn router(service: ObjectService, gate: Gate, limits: &HttpLimits) ->
         limits: busy.clone(),
         metrics: gate.metrics().clone(),
     };
-    routes(service)
+    routes(service, topics)
         .layer(axum::Extension(budget))
         .layer(middleware::from_fn(move |request, next| {
             request_slot(
@@ -157,13 +189,8 @@ async fn put_object(
         return Err(ObjectServiceError::TooLarge { len, max });
     }
     // The body's bytes are reserved before it is read, and held until the write is done.
-    let reserve_kib = declared.unwrap_or(max).div_ceil(1024).max(1);
-    let reserved = u32::try_from(reserve_kib)
-        .ok()
-        .and_then(|kib| budget.kib.clone().try_acquire_many_owned(kib).ok());
-    let Some(_reserved) = reserved else {
-        budget.metrics.refuse("body_budget");
-        return Ok(errors::busy(&budget.limits));
+    let Some(_reserved) = budget.reserve(declared.unwrap_or(max)) else {
+        return Ok(budget.busy());
     };
     // Without a Content-Length the body is read up to the limit; past it, the request is refused.
     let content = match axum::body::to_bytes(body, max).await {
@@ -376,7 +403,7 @@ async fn no_route() -> Response {
     error(
         StatusCode::NOT_FOUND,
         "no_route",
-        "no such route (see GET/PUT /objects/{key}, /status, /peers, /metrics, /dashboard)".into(),
+        "no such route (see GET/PUT /objects/{key}, /status, /peers, /metrics, /dashboard, /topics)".into(),
         json!({}),
     )
 }

@@ -26,7 +26,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 
@@ -117,6 +117,11 @@ impl HttpMetrics {
         self.refused.get_or_create(&ReasonLabel { reason }).get()
     }
 }
+
+/// A request extension: notifying it closes the connection the request came on (the topic
+/// routes cut a subscriber that stopped reading, whose bytes would otherwise sit in its socket).
+#[derive(Debug, Clone)]
+pub(crate) struct ConnectionCut(pub Arc<Notify>);
 
 /// Open connections per client address; a slot is given back when its guard drops.
 #[derive(Debug, Default)]
@@ -218,13 +223,16 @@ pub(crate) async fn serve(
                 continue;
             }
         };
+        let cut = Arc::new(Notify::new());
         let service = {
             let router = router.clone();
             let limits = limits.clone();
             let metrics = metrics.clone();
+            let cut = cut.clone();
             hyper::service::service_fn(move |request: Request<Incoming>| {
-                let request =
+                let mut request =
                     request.map(|body| Body::new(TimedBody::new(body, &limits, metrics.clone())));
+                request.extensions_mut().insert(ConnectionCut(cut.clone()));
                 let router = router.clone();
                 async move {
                     let response = router.oneshot(request).await;
@@ -235,7 +243,15 @@ pub(crate) async fn serve(
         let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         let metrics = metrics.clone();
         tasks.spawn(async move {
-            if let Err(error) = connection.await {
+            let ended = tokio::select! {
+                ended = connection => ended,
+                () = cut.notified() => {
+                    metrics.refuse("subscriber_cut");
+                    tracing::debug!(%remote, "HTTP connection of a lagging subscriber cut");
+                    Ok(())
+                }
+            };
+            if let Err(error) = ended {
                 if error.is_timeout() {
                     metrics.refuse("header_timeout");
                 } else if error.is_parse() {
