@@ -103,7 +103,11 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     }
     // Signal handlers first, so a SIGTERM during startup is not the default (immediate) exit.
     let mut stop = Stop::install()?;
-    let daemon = Daemon::builder(settings.objects)
+    let mut builder = Daemon::builder(settings.objects);
+    if let Some(ring) = settings.ring.clone() {
+        builder = builder.ring(ring);
+    }
+    let daemon = builder
         .members(settings.members.iter().copied())
         .data_dir(&settings.data_dir)
         .store_memory_bytes(settings.store_memory_bytes)
@@ -126,6 +130,19 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
         tracing::info!(
             topics = ?names,
             "gossip topics: POST /topics/{{name}} publishes, GET /topics/{{name}}/events subscribes"
+        );
+    }
+    if let Some(ring) = daemon.ring() {
+        let status = ring.status();
+        tracing::info!(
+            position = status.position,
+            ring = status.ring_len,
+            "batch pipeline: {}",
+            if ring.is_first() {
+                "this node submits (POST /pipeline/batches)"
+            } else {
+                "this node relays"
+            }
         );
     }
     let members = daemon.service().members();

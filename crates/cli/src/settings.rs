@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use meshwire::{Congestion, Keypair, NodeConfig, PeerId};
 use meshwire_gossip::proto::{ClassId, Relay};
+use meshwire_objects::net::ring::RingConfig;
 use meshwire_objects::net::{HttpAuth, HttpLimits, TopicPolicy, TopicsConfig};
 use serde::Deserialize;
 
@@ -128,6 +129,21 @@ struct FileSettings {
     objects: FileObjects,
     #[serde(default)]
     gossip: FileGossip,
+    #[serde(default)]
+    pipeline: FilePipeline,
+}
+
+/// The `[pipeline]` table: a batch pipeline round a ring of nodes (see docs/node.md).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilePipeline {
+    /// PeerIds in ring order; absent or empty: no pipeline.
+    #[serde(default)]
+    ring: Vec<String>,
+    in_flight: Option<usize>,
+    batch_deadline_ms: Option<u64>,
+    chunk_bytes: Option<usize>,
+    max_batch_bytes: Option<usize>,
 }
 
 /// The `[gossip]` table: publish/subscribe topics and their subscribers (see docs/node.md).
@@ -212,6 +228,8 @@ pub struct Settings {
     pub objects: meshwire_objects::net::ObjectConfig,
     /// Publish/subscribe topics (`[gossip]`).
     pub topics: TopicsConfig,
+    /// The batch pipeline round a ring (`[pipeline]`), if configured.
+    pub ring: Option<RingConfig>,
     /// The store's memory budget (redb's page cache and the object cache).
     pub store_memory_bytes: usize,
     /// The object cluster's other members (this node is always one).
@@ -263,6 +281,7 @@ impl Settings {
         members.extend(args.members.iter().copied());
         let http_limits = http_limits(&file.http)?;
         let topics = topics_config(&file.gossip)?;
+        let ring = ring_config(&file.pipeline)?;
         let http_auth = HttpAuth {
             require_token: file.http.require_token,
             metrics_open: file.http.metrics_open.unwrap_or(false),
@@ -289,6 +308,7 @@ impl Settings {
             http_auth,
             objects,
             topics,
+            ring,
             store_memory_bytes: file
                 .objects
                 .store_memory_bytes
@@ -321,6 +341,14 @@ impl Settings {
                 self.topics.max_subscribers,
                 self.http_limits.max_connections
             );
+        }
+        if let (Some(ring), Some(keypair)) = (&self.ring, &identity) {
+            if !ring.ring.contains(&keypair.peer_id()) {
+                bail!(
+                    "[pipeline] ring does not list this node ({})",
+                    keypair.peer_id()
+                );
+            }
         }
         let who = match &identity {
             Some(keypair) => format!(
@@ -473,6 +501,38 @@ fn http_limits(file: &FileHttp) -> anyhow::Result<HttpLimits> {
     }
     limits.validate().context("[http] is invalid")?;
     Ok(limits)
+}
+
+fn ring_config(file: &FilePipeline) -> anyhow::Result<Option<RingConfig>> {
+    if file.ring.is_empty() {
+        return Ok(None);
+    }
+    let ring = file
+        .ring
+        .iter()
+        .map(|id| {
+            id.parse::<PeerId>()
+                .with_context(|| format!("bad peer id {id:?} in [pipeline] ring"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if ring.len() < 2 || ring.iter().collect::<HashSet<_>>().len() != ring.len() {
+        bail!("[pipeline] ring needs at least two distinct peer ids");
+    }
+    let mut config = RingConfig::new(ring);
+    if let Some(value) = file.in_flight {
+        config.in_flight = value;
+    }
+    if let Some(ms) = file.batch_deadline_ms {
+        config.batch_deadline = Duration::from_millis(ms);
+    }
+    if let Some(value) = file.chunk_bytes {
+        config.chunk_bytes = value;
+    }
+    if let Some(value) = file.max_batch_bytes {
+        config.max_batch_bytes = value;
+    }
+    config.validate()?;
+    Ok(Some(config))
 }
 
 fn topics_config(file: &FileGossip) -> anyhow::Result<TopicsConfig> {

@@ -2,6 +2,7 @@
 
 pub mod daemon;
 pub mod http;
+pub mod ring;
 pub mod service;
 pub mod store;
 pub mod topics;

@@ -38,6 +38,7 @@ use tokio::task::JoinHandle;
 use super::http::auth::{AuthError, HttpAuth, Token};
 use super::http::limits::{HttpLimits, LimitsError};
 use super::http::serve::HttpMetrics;
+use super::ring::{Ring, RingConfig, RingError};
 use super::service::{
     ObjectConfig, ObjectService, ObjectServiceError, PhysicalClock, ServiceOptions,
 };
@@ -101,6 +102,9 @@ pub enum DaemonError {
     /// The topics are misconfigured, or gossip could not start.
     #[error(transparent)]
     Topics(#[from] TopicsError),
+    /// The ring pipeline is misconfigured, or this node is not in its ring.
+    #[error(transparent)]
+    Ring(#[from] RingError),
     /// More topic subscribers allowed than HTTP connections.
     #[error(
         "[gossip] max_subscribers ({subscribers}) must be below [http] max_connections ({connections})"
@@ -129,6 +133,7 @@ pub struct DaemonBuilder {
     http_limits: HttpLimits,
     http_auth: HttpAuth,
     topics: Option<TopicsConfig>,
+    ring: Option<RingConfig>,
 }
 
 impl DaemonBuilder {
@@ -179,6 +184,12 @@ impl DaemonBuilder {
     /// Run publish/subscribe topics over gossip on the node (and their routes on the HTTP API).
     pub fn topics(mut self, topics: TopicsConfig) -> Self {
         self.topics = Some(topics);
+        self
+    }
+
+    /// Join a batch pipeline round `ring` (and serve its routes on the HTTP API).
+    pub fn ring(mut self, ring: RingConfig) -> Self {
+        self.ring = Some(ring);
         self
     }
 
@@ -268,12 +279,17 @@ impl DaemonBuilder {
             Some(config) => Some(Topics::start(service.node(), config)?),
             None => None,
         };
+        let ring = match self.ring {
+            Some(config) => Some(Ring::start(service.node(), config)?),
+            None => None,
+        };
         let http = match (self.http, token) {
             (Some(address), Some(token)) => Some(
                 HttpServer::start(
                     address,
                     service.clone(),
                     topics.clone(),
+                    ring.clone(),
                     self.http_limits,
                     &self.http_auth,
                     token,
@@ -285,6 +301,7 @@ impl DaemonBuilder {
         Ok(Daemon {
             service,
             topics,
+            ring,
             http,
             anti_entropy,
         })
@@ -333,6 +350,7 @@ impl HttpServer {
         address: SocketAddr,
         service: ObjectService,
         topics: Option<Topics>,
+        ring: Option<Ring>,
         limits: HttpLimits,
         auth: &HttpAuth,
         token: Token,
@@ -345,7 +363,7 @@ impl HttpServer {
             .await
             .map_err(listen_error)?;
         let bound = listener.local_addr().map_err(listen_error)?;
-        let router = super::http::router(service, topics, gate, &limits);
+        let router = super::http::router(service, topics, ring, gate, &limits);
         // Dropping the sender (with the daemon) stops the server as sending does.
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(super::http::serve::serve(
@@ -380,6 +398,7 @@ impl HttpServer {
 pub struct Daemon {
     service: ObjectService,
     topics: Option<Topics>,
+    ring: Option<Ring>,
     http: Option<HttpServer>,
     anti_entropy: Option<AbortOnDrop>,
 }
@@ -396,6 +415,7 @@ impl Daemon {
             http_limits: HttpLimits::default(),
             http_auth: HttpAuth::default(),
             topics: None,
+            ring: None,
         }
     }
 
@@ -412,6 +432,11 @@ impl Daemon {
     /// The topics, if they run.
     pub fn topics(&self) -> Option<&Topics> {
         self.topics.as_ref()
+    }
+
+    /// The ring pipeline, if it runs.
+    pub fn ring(&self) -> Option<&Ring> {
+        self.ring.as_ref()
     }
 
     /// Where the HTTP API listens, if it runs.
@@ -443,6 +468,9 @@ impl Daemon {
         drop(self.anti_entropy);
         if let Some(topics) = &self.topics {
             topics.close();
+        }
+        if let Some(ring) = &self.ring {
+            ring.close();
         }
         let http = match self.http {
             Some(http) => http.stop().await,

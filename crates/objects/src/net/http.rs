@@ -12,6 +12,7 @@
 //! | `GET /dashboard` | the live dashboard, one static HTML page; served without the token (it holds no data) and reads it from `#token=` in its URL |
 //! | `GET /dashboard/data` | JSON `{now_unix_seconds, status, metrics}`: the `/status` body and every sample of the `/metrics` registry as `{name, labels, value}`, what the dashboard and `meshwire status` poll |
 //! | `GET /topics`, `POST /topics/{name}`, `GET /topics/{name}/events` | publish/subscribe, when the daemon runs topics: see [`topics`] |
+//! | `GET /pipeline`, `POST /pipeline/batches` | the batch pipeline round a ring, when the daemon runs one: see [`ring`] |
 //!
 //! Errors are JSON `{"error": code, "message": text, ...}` with these statuses: `400 invalid_key`,
 //! `400 invalid_path` (a key that is not UTF-8), `400 bad_request` (other malformed requests),
@@ -19,7 +20,7 @@
 //! method_not_allowed`, `408 body_timeout`, `409 conflict`, `412 precondition_failed` (with
 //! `current_etag`), `413 too_large` (with `max_bytes`), `503 quorum_not_reached` (with `needed`,
 //! `reached`, `asked`; a write adds `superseded` and `outcome: "unknown"`), `503 busy` (with
-//! `Retry-After`), `503 too_many_subscribers`, `503 shutting_down`, `503 publish_refused`, `502 content_unavailable`, `500 store_error`, `500 clock_exhausted`. Only a request hyper cannot parse at all (a malformed request line, raw
+//! `Retry-After`), `503 too_many_subscribers`, `503 shutting_down`, `503 publish_refused`, `409 not_first`, `502 pipeline_failed`, `504 pipeline_timeout`, `502 content_unavailable`, `500 store_error`, `500 clock_exhausted`. Only a request hyper cannot parse at all (a malformed request line, raw
 //! non-UTF-8 bytes in the path rather than `%FF`, headers over its buffer) gets hyper's own empty
 //! `400`/`431` before the connection closes.
 //!
@@ -30,6 +31,7 @@ pub mod auth;
 pub mod dashboard;
 pub mod errors;
 pub mod limits;
+pub mod ring;
 pub mod serve;
 pub mod topics;
 
@@ -50,6 +52,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use self::auth::Gate;
 use self::errors::{error, KeyPath};
 use self::limits::HttpLimits;
+use super::ring::Ring;
 use super::service::{ObjectService, ObjectServiceError};
 use super::store::StoredObject;
 use super::topics::Topics;
@@ -90,7 +93,7 @@ impl BodyBudget {
 
 /// The API's routes over `service` (and `topics`, when the node runs them), without limits or
 /// authentication.
-fn routes(service: ObjectService, topics: Option<Topics>) -> Router {
+fn routes(service: ObjectService, topics: Option<Topics>, ring: Option<Ring>) -> Router {
     let router = Router::new()
         .route("/objects/{key}", get(get_object).put(put_object))
         .route("/status", get(status))
@@ -100,8 +103,12 @@ fn routes(service: ObjectService, topics: Option<Topics>) -> Router {
         .route("/dashboard/data", get(dashboard::data))
         .fallback(no_route)
         .with_state(service);
-    match topics {
+    let router = match topics {
         Some(topics) => router.merge(self::topics::routes(topics)),
+        None => router,
+    };
+    match ring {
+        Some(ring) => router.merge(self::ring::routes(ring)),
         None => router,
     }
 }
@@ -110,6 +117,7 @@ fn routes(service: ObjectService, topics: Option<Topics>) -> Router {
 pub(crate) fn router(
     service: ObjectService,
     topics: Option<Topics>,
+    ring: Option<Ring>,
     gate: Gate,
     limits: &HttpLimits,
 ) -> Router {
@@ -123,7 +131,7 @@ pub(crate) fn router(
         limits: busy.clone(),
         metrics: gate.metrics().clone(),
     };
-    routes(service, topics)
+    routes(service, topics, ring)
         .layer(axum::Extension(budget))
         .layer(middleware::from_fn(move |request, next| {
             request_slot(
@@ -403,7 +411,7 @@ async fn no_route() -> Response {
     error(
         StatusCode::NOT_FOUND,
         "no_route",
-        "no such route (see GET/PUT /objects/{key}, /status, /peers, /metrics, /dashboard, /topics)".into(),
+        "no such route (see GET/PUT /objects/{key}, /status, /peers, /metrics, /dashboard, /topics, /pipeline)".into(),
         json!({}),
     )
 }
