@@ -1,7 +1,8 @@
-//! The sans-IO object protocol: hybrid clocks, messages, conditional writes, anti-entropy, placement and merging of copies, and quorum plans.
+//! The sans-IO object protocol: hybrid clocks, messages, conditional writes, anti-entropy, the HTTP headers the API parses, placement and merging of copies, and quorum plans.
 
 pub mod cas;
 pub mod clock;
 pub mod entropy;
+pub mod headers;
 pub mod object;
 pub mod quorum;
