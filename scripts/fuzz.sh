@@ -87,7 +87,7 @@ for target in "${targets[@]}"; do
   execs=$(stat number_of_executed_units)
   rate=$(stat average_exec_per_sec)
   # libFuzzer's status lines end with "corp: UNITS/SIZE"; the last one is the corpus it ended with.
-  corpus=$(grep -Eo 'corp: [0-9]+/[0-9]+[a-zA-Z]*' "$work/log" | tail -n 1 | cut -d' ' -f2)
+  corpus=$(grep -Eo 'corp: [0-9]+/[0-9]+[a-zA-Z]*' "$work/log" | tail -n 1 | cut -d' ' -f2 || true)
   crashes=$(find "$work/artifacts" -type f \( -name 'crash-*' -o -name 'timeout-*' -o -name 'oom-*' \
     -o -name 'leak-*' \) | wc -l)
   if [ "$status" -ne 0 ] && [ "$crashes" -eq 0 ]; then
