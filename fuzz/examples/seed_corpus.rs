@@ -4,9 +4,10 @@
 //! with the inputs the fuzzer found; see docs/fuzzing.md.
 //!
 //! Run: `cargo run --manifest-path fuzz/Cargo.toml --example seed_corpus` (a plain build: it
-//! needs no fuzzer instrumentation). Files are named by content hash, so rerunning adds nothing
-//! that is already there.
+//! needs no fuzzer instrumentation). A seed whose bytes are already in the directory, under any
+//! name, is not written again.
 
+use std::collections::HashSet;
 use std::fs;
 use std::path::Path;
 
@@ -39,9 +40,14 @@ fn main() {
     ] {
         let dir = root.join(target);
         fs::create_dir_all(&dir).expect("create the corpus directory");
+        // `cargo fuzz cmin` renames what it keeps, so compare contents, not names.
+        let mut present: HashSet<Vec<u8>> = fs::read_dir(&dir)
+            .expect("list the corpus directory")
+            .map(|entry| fs::read(entry.expect("a corpus entry").path()).expect("read an input"))
+            .collect();
         for seed in seeds {
-            let path = dir.join(format!("seed-{:016x}", fnv1a(&seed)));
-            if !path.exists() {
+            if present.insert(seed.clone()) {
+                let path = dir.join(format!("seed-{:016x}", fnv1a(&seed)));
                 fs::write(&path, &seed).expect("write a seed");
                 written += 1;
             }
