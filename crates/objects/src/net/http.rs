@@ -365,27 +365,7 @@ async fn metrics(State(service): State<ObjectService>, headers: HeaderMap) -> Re
     }
 }
 
-/// Whether `accept` ranks `application/openmetrics-text` above `text/plain` (and above zero).
-/// Without either, the answer is Prometheus text, what scrapers and `curl` understand.
-pub fn prefers_openmetrics(accept: &str) -> bool {
-    let mut openmetrics = 0.0f32;
-    let mut text = 0.0f32;
-    for range in accept.split(',') {
-        let mut parts = range.split(';').map(str::trim);
-        let media = parts.next().unwrap_or("").to_ascii_lowercase();
-        let quality = parts
-            .filter_map(|param| param.split_once('='))
-            .find(|(name, _)| name.trim().eq_ignore_ascii_case("q"))
-            .and_then(|(_, value)| value.trim().parse::<f32>().ok())
-            .unwrap_or(1.0);
-        match media.as_str() {
-            "application/openmetrics-text" => openmetrics = openmetrics.max(quality),
-            "text/plain" | "text/*" | "*/*" => text = text.max(quality),
-            _ => {}
-        }
-    }
-    openmetrics > 0.0 && openmetrics > text
-}
+pub use crate::proto::headers::prefers_openmetrics;
 
 /// The answer to a PUT whose body could not be read: cut off by a body timeout (`408`), or over
 /// the size limit (`413`).
@@ -414,28 +394,4 @@ async fn no_route() -> Response {
         "no such route (see GET/PUT /objects/{key}, /status, /peers, /metrics, /dashboard, /topics, /pipeline)".into(),
         json!({}),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::prefers_openmetrics;
-
-    #[test]
-    fn accept_chooses_the_metrics_format() {
-        assert!(!prefers_openmetrics(""));
-        assert!(!prefers_openmetrics("text/plain; version=0.0.4"));
-        assert!(!prefers_openmetrics("*/*"));
-        assert!(prefers_openmetrics(
-            "application/openmetrics-text; version=1.0.0"
-        ));
-        // What Prometheus 2.x sends: OpenMetrics first.
-        assert!(prefers_openmetrics(
-            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;\
-             version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
-        ));
-        assert!(!prefers_openmetrics(
-            "application/openmetrics-text;q=0.2, text/plain;q=0.9"
-        ));
-        assert!(!prefers_openmetrics("application/openmetrics-text;q=0"));
-    }
 }

@@ -30,10 +30,10 @@ use axum::middleware::Next;
 use axum::response::Response;
 use rand::TryRngCore;
 use serde_json::json;
-use subtle::ConstantTimeEq;
 
 use super::errors::error;
 use super::serve::HttpMetrics;
+use crate::proto::headers::bearer_matches;
 
 /// Name of the token file inside a node's data directory.
 pub const TOKEN_FILE: &str = "http-token";
@@ -262,9 +262,7 @@ impl Gate {
                     || (request.method() == axum::http::Method::GET
                         && path == super::dashboard::PAGE_PATH)
             }
-            Some(value) => value
-                .strip_prefix(b"Bearer ")
-                .is_some_and(|token| bool::from(token.ct_eq(&self.token))),
+            Some(value) => bearer_matches(value, &self.token),
         }
     }
 }
