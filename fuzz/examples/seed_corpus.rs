@@ -16,6 +16,7 @@ use meshwire_gossip::proto::{encode_batch, ArtifactId, ClassId, Item};
 use meshwire_objects::proto::cas::{self, etag, CasAnswer, Phase, Precondition};
 use meshwire_objects::proto::entropy::{self, BucketEntries, Entry, ExchangeLimits};
 use meshwire_objects::proto::object::{self, content_hash, FetchMode, Refusal, Stamp, Stored};
+use meshwire_objects::proto::topic::{Envelope, TopicName};
 use meshwire_proto::batch::{self, BatchHeader, BatchLimits, Chunk};
 use meshwire_proto::wire::{
     encode_error_payload, Destination, EncodedMessage, ErrorCode, Kind, Limits, MsgHeader,
@@ -37,6 +38,7 @@ fn main() {
         ("decode_route", routes()),
         ("http_key", keys()),
         ("http_headers", headers()),
+        ("decode_topic", topics()),
     ] {
         let dir = root.join(target);
         fs::create_dir_all(&dir).expect("create the corpus directory");
@@ -303,6 +305,26 @@ fn routes() -> Vec<Vec<u8>> {
 }
 
 /// Object keys as they reach validation: valid ones, the reserved names, the longest.
+fn topics() -> Vec<Vec<u8>> {
+    let envelope = |name: &str, body: &'static [u8]| {
+        Envelope {
+            topic: TopicName::new(name).expect("a valid topic name"),
+            origin: PeerId::from_bytes([7; 32]),
+            sequence: 1_700_000_000_000_000,
+            body: Bytes::from_static(body),
+        }
+        .encode()
+        .to_vec()
+    };
+    let mut seeds = vec![
+        envelope("default", b"hello"),
+        envelope("blocks.v1", b""),
+        envelope(&"t".repeat(64), &[0xff; 100]),
+    ];
+    seeds.extend(["default", "a_b-c.d", "", "has space", &"t".repeat(65)].map(|n| n.as_bytes().to_vec()));
+    seeds
+}
+
 fn keys() -> Vec<Vec<u8>> {
     [
         "key-1",
