@@ -249,6 +249,7 @@ impl GossipService {
         let inbox = node.subscribe(settings.protocol)?;
         let mut events = node.peer_events();
         let mut machine = gossip::Gossip::new(settings.config, validator);
+        machine.set_local_id(node.peer_id());
         let started = now();
         // The stream starts with every peer up now: take those at once, before any publish.
         let mut peers = BTreeSet::new();
