@@ -429,7 +429,11 @@ impl<V: Validator> Gossip<V> {
             from,
         });
         if policy.relay == Relay::All {
-            self.relay(id, class, payload, policy, from, now);
+            if self.config.relay_to_all {
+                self.disseminate(id, class, payload, policy, now);
+            } else {
+                self.relay(id, class, payload, policy, from, now);
+            }
         }
     }
 

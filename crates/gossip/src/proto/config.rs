@@ -76,6 +76,10 @@ pub struct GossipConfig {
     /// Peers outside the eager set a relay sends a lazy advert (ihave) of each `Relay::All`
     /// artifact: the repair path. Bounded, so adverts do not grow with the peer count.
     pub lazy_fanout: usize,
+    /// Relay every `Relay::All` artifact to every peer instead of along relay trees, and send no
+    /// prunes: gossip as it was before relay trees (and as the Internet Computer relays consensus
+    /// artifacts), kept so the lab can measure it against them.
+    pub relay_to_all: bool,
 }
 
 impl Default for GossipConfig {
@@ -94,6 +98,7 @@ impl Default for GossipConfig {
             max_tombstones: 65_536,
             eager_fanout: 2,
             lazy_fanout: 2,
+            relay_to_all: false,
         }
     }
 }

@@ -253,6 +253,25 @@ fn small_artifacts_are_pushed_whole_and_relays_are_pruned() {
 }
 
 #[test]
+fn relay_to_all_relays_every_artifact_to_every_peer_without_prunes() {
+    let mut net = Net::full_mesh(3);
+    for node in &mut net.nodes {
+        node.config.relay_to_all = true;
+    }
+    let id = net.nodes[0]
+        .publish(SHARE, payload(9, 200), net.wire.now())
+        .unwrap();
+    net.run(Duration::from_millis(200));
+    for index in 1..3 {
+        assert!(net.nodes[index].has(&id));
+        let stats = net.stats(index, SHARE);
+        assert_eq!(stats.pushes_sent, 2, "to both peers, upstream included");
+        assert_eq!(stats.prunes_sent, 0);
+        assert!(stats.duplicate_artifacts >= 1);
+    }
+}
+
+#[test]
 fn a_rejected_artifact_is_not_relayed_and_its_sender_is_counted() {
     let reject: Check = Box::new(|_, _| false);
     let mut net = Net::new(vec![accept_all(), reject, accept_all()], &[(0, 1), (1, 2)]);

@@ -178,6 +178,10 @@ impl<V: Validator> Gossip<V> {
         id: ArtifactId,
         now: Instant,
     ) {
+        if self.config.relay_to_all {
+            // Relaying to every peer, this node would ignore prunes; it sends none either.
+            return;
+        }
         if self.queue_relay(from, class, Item::Prune(id)) {
             let stats = self.stats.entry(class).or_default();
             stats.prunes_sent += 1;
