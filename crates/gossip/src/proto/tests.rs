@@ -584,6 +584,39 @@ fn relayed_artifacts_arrive_under_10_percent_loss_and_after_a_healed_partition()
 }
 
 #[test]
+fn relayed_artifacts_reach_nodes_that_leave_and_rejoin() {
+    const NODES: usize = 16;
+    let mut net = Net::full_mesh(NODES);
+    let mut published = publish_rounds(&mut net, 0..NODES, 0..2, 3);
+    // Churn: nodes 3, 7 and 11 leave one after another, each missing a round, and rejoin.
+    for leaving in [3usize, 7, 11] {
+        let now = net.wire.now();
+        for other in (0..NODES).filter(|other| *other != leaving) {
+            net.nodes[other].handle_peer_down(peer(leaving), now);
+            net.nodes[leaving].handle_peer_down(peer(other), now);
+        }
+        net.drop_batch = Box::new(move |from, to, _| from == leaving || to == leaving);
+        let staying = (0..NODES).filter(move |node| *node != leaving);
+        let round = leaving as u8 + 10;
+        published.extend(publish_rounds(&mut net, staying, round..round + 1, 3));
+        net.drop_batch = Box::new(|_, _, _| false);
+        let now = net.wire.now();
+        for other in (0..NODES).filter(|other| *other != leaving) {
+            net.nodes[other].handle_peer_up(peer(leaving), now);
+            net.nodes[leaving].handle_peer_up(peer(other), now);
+        }
+    }
+    net.run(Duration::from_secs(5));
+    for index in 0..NODES {
+        let missing: Vec<_> = published
+            .iter()
+            .filter(|(_, id)| !net.nodes[index].has(id))
+            .collect();
+        assert!(missing.is_empty(), "node {index} lacks {missing:?}");
+    }
+}
+
+#[test]
 fn a_peer_flooding_a_million_ihaves_prunes_or_grafts_stays_within_the_memory_bound() {
     let mut config = config();
     config.max_pending_per_peer = 1000;
