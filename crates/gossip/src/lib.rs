@@ -125,14 +125,23 @@
 //! | classic Plumtree (eager tree, ihave to *all* others) | 1 payload + N − 2 ihaves | the advert N² again |
 //! | **relay trees with bounded fanouts (chosen)** | 1 payload + `lazy_fanout` ihaves (+ prunes while trees settle) | publisher's copy is one hop; repair by ihave + graft and catch-up |
 //!
-//! Measured with the lab (`meshwire lab run`, release build), `scenarios/ic-gossip.toml` 56 nodes,
-//! policy `meshwire`, before → after: `duplicate_byte_ratio` 3.56 → 1.024; `bytes_per_node_per_s`
-//! 1,163,920 → 337,082 (ic-origin: 474,773); `adverts_per_node_per_s` 19.3 → 139.6 (the ihaves of
-//! the shares); ingress latency p99 40 → 40 ms; `consensus_delivery_ratio` 1 → 1. Per class after:
-//! shares 1.41 (one payload of 262 B plus two 38-B ihaves and the first rounds' eager adverts and
-//! prunes, over 256 B), 0 duplicate payloads per artifact, delivery p50/p99 40.4/40.7 ms (one hop
-//! with its 20 ms flush); blocks 1.006. The sweep (`scenarios/sweeps/gossip.toml`) numbers are
-//! in `docs/RESULTS.md`.
+//! Measured with the lab (`meshwire lab run scenarios/ic-gossip.toml`, release build; the
+//! `flood` and `ic-origin` rows are unchanged, they relay to every peer), policy `meshwire`:
+//!
+//! | nodes | `duplicate_byte_ratio` before → after | bytes sent /node/s before → after (ic-origin) | adverts /node/s | ingress p99 | shares: ratio, duplicate payloads, delivery p50/p99 |
+//! |---|---|---|---|---|---|
+//! | 56 | 3.562 → 1.024 | 1,163,920 → 337,082 (474,773) | 19.3 → 139.6 | 40 ms | 1.413, 0, 40.4/40.7 ms |
+//! | 28 | → 1.015 | → 319,209 (367,197) | → 69.1 | 40 ms | 1.413, 0, 40.3/40.7 ms |
+//! | 14 | → 1.011 | → 301,678 (327,381) | → 33.7 | 40 ms | 1.413, 0, 40.1/40.7 ms |
+//!
+//! `consensus_delivery_ratio` is 1 in every row. The shares' ratio is the same at every size: one
+//! payload (6 + 256 B), two 38-B ihaves and, in the first round, the eager adverts and prunes that
+//! empty the trees, over 256 B. Under ic-origin (every receiver advertises to all) it is 9.465 at
+//! 56 nodes; before relay trees meshwire's receivers pushed each share to all 55 peers (55
+//! payloads of 262 B per share; no per-class metric existed then). Blocks (advertised by their maker to all): ratio 1.006, delivery
+//! p50 107 ms (advert, request, response, with their flushes). The gossip sweep
+//! (`meshwire lab sweep scenarios/sweeps/gossip.toml --cases 6`): meshwire's bytes ratio median
+//! 1.043, p90 1.067 (before: 1.252, 6.369), no failed case (delivery 1 everywhere).
 //!
 //! `relay_to_all` (default false) restores the relay to every peer, without prunes; the lab's
 //! `flood` and `ic-origin` policies use it to stay the Internet Computer's gossip.
