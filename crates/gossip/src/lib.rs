@@ -200,7 +200,8 @@
 //! gossip.purge(id);
 //! ```
 //!
-//! Metrics (node registry): `meshwire_gossip_{adverts,requests,pushes,pulls,duplicates,rejected,bytes}_total{class, direction}`.
+//! Metrics (node registry): `meshwire_gossip_{adverts,requests,pushes,pulls,duplicates,prunes,rejected,bytes}_total{class, direction}`
+//! (adverts include ihaves).
 //!
 //! ## Limits of this version
 //!
