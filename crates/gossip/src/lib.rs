@@ -142,8 +142,8 @@
 //! p50 107 ms (advert, request, response, with their flushes). The gossip sweep
 //! (`meshwire lab sweep scenarios/sweeps/gossip.toml --cases 6`): meshwire's bytes ratio median
 //! 1.043, p90 1.067 (before: 1.252, 6.369), no failed case (delivery 1 everywhere); with
-//! `--cases 12`: median 1.043, p90 1.099, max 1.102, no failed case (flood 1.663/3.302,
-//! ic-origin 1.190/1.661).
+//! `--cases 24`: median 1.048, p90 1.099, max 1.102, no failed case (flood median/p90
+//! 1.624/3.523, ic-origin 1.167/1.663).
 //!
 //! `relay_to_all` (default false) restores the relay to every peer, without prunes; the lab's
 //! `flood` and `ic-origin` policies use it to stay the Internet Computer's gossip.
