@@ -10,9 +10,9 @@
 //!
 //! Here every artifact belongs to a class with a [`ClassPolicy`](proto::ClassPolicy):
 //!
-//! * [`Relay::All`](proto::Relay::All): every receiver re-disseminates the artifact after validating it (consensus);
-//!   [`Relay::Origin`](proto::Relay::Origin): only the node that published it does (ingress). A receiver never relays
-//!   an `Origin` artifact.
+//! * [`Relay::All`](proto::Relay::All): every receiver relays the artifact after validating it, on a relay tree
+//!   (below) rather than to every peer (consensus); [`Relay::Origin`](proto::Relay::Origin): only the node that
+//!   published it sends it (ingress). A receiver never relays an `Origin` artifact.
 //! * `push_whole_max_bytes` and `latency_sensitive`: small or urgent artifacts are pushed whole
 //!   instead of advertised, which saves a round trip and an advert per peer.
 //! * `expiry`: how long the pool keeps the artifact.
@@ -36,6 +36,23 @@
 //! Responses queued for a peer are bounded the same way. The pool is bounded in artifacts and bytes;
 //! removed ids (expired, purged, rejected) are remembered as tombstones, bounded in number, so late
 //! adverts do not fetch them again.
+//!
+//! Relay trees (Plumtree, [Leitão et al. 2007], as in iroh-gossip, with bounded fanouts): the
+//! publisher sends every artifact to every peer, so in a full mesh everyone has it after one hop.
+//! A receiver relays a `Relay::All` artifact that came from peer `U` eagerly to its eager set for
+//! `U` and lazily (an ihave, 38 B) to `lazy_fanout` peers: those after it on the artifact's ring
+//! (node ids ordered by a hash of the artifact id and the node id, the same order at every node,
+//! so in a full mesh each node is the lazy target of exactly `lazy_fanout` relays). An eager set
+//! starts as `eager_fanout` *tentative* peers, which get an eager advert rather than the payload;
+//! a peer that requests an artifact from `U`'s tree (it lacked it) joins the set *confirmed* (a
+//! graft) and gets small artifacts pushed whole from then on; a peer that gets an eager copy or
+//! eager advert of something it already held answers with a prune and leaves the set. In a full
+//! mesh the eager sets empty after each upstream's first artifact, and each node then receives
+//! each relayed artifact once as a payload plus `lazy_fanout` ihaves; elsewhere the tree keeps
+//! the edges that deliver first. Repair: an ihave of a missing id is requested like an advert
+//! (with the fallbacks below), and a reconnected peer gets ihaves of everything relayable.
+//!
+//! [Leitão et al. 2007]: https://asc.di.fct.unl.pt/~jleitao/pdf/srds07-leitao.pdf
 //!
 //! Validation: the application's [`Validator`](proto::Validator) sees every artifact received from a peer before it
 //! is stored. A rejected artifact is tombstoned, never delivered or relayed, and its sender's
@@ -66,8 +83,9 @@
 //! config.classes.insert(ClassId(2), ClassPolicy::advertise(Relay::All, Duration::from_secs(60))); // blocks
 //! ```
 //!
-//! - `Relay::All`: every node that receives and validates the artifact disseminates it again.
-//! - `Relay::Origin`: only the publisher does; a receiver never re-advertises or re-pushes it.
+//! - `Relay::All`: every node that receives and validates the artifact relays it on its relay tree
+//!   (eager set plus `lazy_fanout` ihaves, see *Relay trees* below).
+//! - `Relay::Origin`: only the publisher sends it; a receiver never re-advertises or re-pushes it.
 //!
 //! ## Messages
 //!
@@ -80,6 +98,8 @@
 //! | request (id) | "send me this" |
 //! | artifact (class, payload) | a response or a push; the receiver derives the id from the content |
 //! | purge (id) | "I no longer hold it; do not request it from me" |
+//! | ihave (class, id, size) | lazy advert: "request it from me if you lack it"; no answer if held |
+//! | prune (id) | "your eager copy of `id` was a duplicate: stop relaying eagerly to me what reaches you by the peer `id` came from" |
 //!
 //! Ids are SHA-256 of the class byte and the payload, so a peer cannot pass bytes off under another
 //! artifact's id. Items queue until the next flush (`flush_interval`, default 20 ms; at once for
@@ -87,14 +107,60 @@
 //! catch-up adverts) share a batch; peers that get the same batch share one encoding, and the driver
 //! sends it with `Node::send_many`. Adverts and pushes are counted once per peer they reach.
 //!
+//! ## Relay trees: the choice and its alternatives
+//!
+//! The problem (`docs/lessons.md`, issue 17): with every receiver re-sending each `Relay::All`
+//! artifact to all N − 1 peers, bytes or adverts grow as N². At 56 nodes in
+//! `scenarios/ic-gossip.toml` the 256-byte shares arrived 55 times each: `duplicate_byte_ratio`
+//! 3.56 (flood 3.35, ic-origin 1.46), 1.16 MB sent per node per second.
+//!
+//! Alternatives weighed (costs by analysis, not measured; only the chosen one is built):
+//!
+//! | option | received per node per relayed artifact, full mesh of N | why not (or why) |
+//! |---|---|---|
+//! | every receiver pushes to all (before) | N − 1 payloads | the N² bytes above |
+//! | every receiver advertises to all (ic-origin's consensus) | 1 payload + N − 1 adverts of 38 B | a 256-B share costs ~8× its size in adverts at 56 nodes |
+//! | gossipsub v1.2 IDONTWANT (cancel copies in flight) | fewer than N − 1 payloads | cancels only copies still queued when the receiver's first copy arrives; in a full mesh every receiver gets its copy in the same hop, so most relayed copies are already sent (Ethereum mainnet: 3 → 2 duplicates per block) |
+//! | gossipsub v2 proposal, lazy mesh (IANNOUNCE/INEED) | 1 payload + D adverts | one more round trip on every hop |
+//! | classic Plumtree (eager tree, ihave to *all* others) | 1 payload + N − 2 ihaves | the advert N² again |
+//! | **relay trees with bounded fanouts (chosen)** | 1 payload + `lazy_fanout` ihaves (+ prunes while trees settle) | publisher's copy is one hop; repair by ihave + graft and catch-up |
+//!
+//! Measured with the lab (`meshwire lab run scenarios/ic-gossip.toml`, release build; the
+//! `flood` and `ic-origin` rows are unchanged, they relay to every peer), policy `meshwire`:
+//!
+//! | nodes | `duplicate_byte_ratio` before → after | bytes sent /node/s before → after (ic-origin) | adverts /node/s | ingress p99 | shares: ratio, duplicate payloads, delivery p50/p99 |
+//! |---|---|---|---|---|---|
+//! | 56 | 3.562 → 1.024 | 1,163,920 → 337,082 (474,773) | 19.3 → 139.6 | 40 ms | 1.413, 0, 40.4/40.7 ms |
+//! | 28 | → 1.015 | → 319,209 (367,197) | → 69.1 | 40 ms | 1.413, 0, 40.3/40.7 ms |
+//! | 14 | → 1.011 | → 301,678 (327,381) | → 33.7 | 40 ms | 1.413, 0, 40.1/40.7 ms |
+//!
+//! `consensus_delivery_ratio` is 1 in every row. The shares' ratio is the same at every size: one
+//! payload (6 + 256 B), two 38-B ihaves and, in the first round, the eager adverts and prunes that
+//! empty the trees, over 256 B. Under ic-origin (every receiver advertises to all) it is 9.465 at
+//! 56 nodes; before relay trees meshwire's receivers pushed each share to all 55 peers (55
+//! payloads of 262 B per share; no per-class metric existed then). Blocks (advertised by their maker to all): ratio 1.006, delivery
+//! p50 107 ms (advert, request, response, with their flushes). The gossip sweep
+//! (`meshwire lab sweep scenarios/sweeps/gossip.toml --cases 6`): meshwire's bytes ratio median
+//! 1.043, p90 1.067 (before: 1.252, 6.369), no failed case (delivery 1 everywhere); with
+//! `--cases 24`: median 1.048, p90 1.099, max 1.102, no failed case (flood median/p90
+//! 1.624/3.523, ic-origin 1.167/1.663).
+//!
+//! `relay_to_all` (default false) restores the relay to every peer, without prunes; the lab's
+//! `flood` and `ic-origin` policies use it to stay the Internet Computer's gossip.
+//!
+//! Defaults: `eager_fanout` 2 (a tree exists from the first artifact on sparse networks; in a
+//! full mesh it costs two adverts per upstream once), `lazy_fanout` 2 (each node is the lazy
+//! target of two relays per artifact, so a missed copy is repaired unless both ihaves are lost
+//! too). With 0 lazy the repair rests on catch-up adverts alone.
+//!
 //! ## Pulls, fallbacks, catch-up
 //!
 //! The first advert of an unknown id triggers a request to that advertiser; up to `max_advertisers`
 //! later advertisers are remembered. If the artifact has not arrived after `request_timeout`, the next
-//! advertiser is asked; when none is left the entry is dropped and a later advert starts over. When a
-//! connection comes up (first time or after a reconnect), the node advertises to that peer every
-//! `Relay::All` artifact it holds and every artifact it published, so a peer that was partitioned away
-//! catches up.
+//! advertiser is asked; when none is left the entry is dropped and a later advert starts over. An
+//! ihave is handled the same way when the id is missing. When a connection comes up (first time or
+//! after a reconnect), the node sends that peer an ihave of every `Relay::All` artifact it holds and
+//! every artifact it published, so a peer that was partitioned away catches up.
 //!
 //! ## Bounds
 //!
@@ -103,14 +169,19 @@
 //! | `max_pending_per_peer` | 4096 | pending (artifact, advertiser) pairs plus queued responses per peer |
 //! | `max_pending_bytes_per_peer` | 64 MiB | advertised bytes pending per peer |
 //! | `max_advertisers` | 4 | fallbacks remembered per pending artifact |
+//! | `max_pending_per_peer` | 4096 | relayed items (eager copies, ihaves, prunes) queued per peer until the next flush; beyond it they are dropped and counted (`relays_dropped`) |
+//! | peers × peers | (the peer count) | eager sets: one per upstream peer, each at most every peer; a peer's set and entries go when it disconnects |
 //! | `max_pool_artifacts`, `max_pool_bytes` | 65 536, 256 MiB | the artifact pool |
 //! | `max_tombstones` | 65 536 | ids remembered after expiry, purge or rejection |
 //! | `max_batch_items`, `max_artifact_bytes` | 4096, 4 MiB | decoder limits, checked before allocation |
 //!
 //! An advert beyond its sender's budget is refused and counted (`adverts_refused`): a peer that floods
 //! adverts fills only its own budget (`a_peer_flooding_a_million_adverts_stays_within_the_memory_bound`
-//! in `crates/gossip/src/proto/tests.rs` sends one million). `Gossip::memory_bytes` accounts the
-//! state's entries and payloads and never exceeds `GossipConfig::memory_bound_bytes(peers)`.
+//! in `crates/gossip/src/proto/tests.rs` sends one million). A prune only removes an entry, a
+//! request adds its sender to at most one eager set per upstream, and an ihave is charged like an
+//! advert (`a_peer_flooding_a_million_ihaves_prunes_or_grafts_stays_within_the_memory_bound` sends
+//! a million of each). `Gossip::memory_bytes` accounts the state's entries and payloads and never
+//! exceeds `GossipConfig::memory_bound_bytes(peers)`.
 //!
 //! ## Validation
 //!
@@ -131,7 +202,8 @@
 //! gossip.purge(id);
 //! ```
 //!
-//! Metrics (node registry): `meshwire_gossip_{adverts,requests,pushes,pulls,duplicates,rejected,bytes}_total{class, direction}`.
+//! Metrics (node registry): `meshwire_gossip_{adverts,requests,pushes,pulls,duplicates,prunes,rejected,bytes}_total{class, direction}`
+//! (adverts include ihaves).
 //!
 //! ## Limits of this version
 //!
@@ -139,6 +211,13 @@
 //!   retried; `All` artifacts reach such a peer again only through another peer's relay or the
 //!   catch-up adverts after a reconnect.
 //! - Validation is synchronous, inside the driver.
+//! - Prunes and grafts key a tree by the peer an artifact came from, not by its publisher (the
+//!   wire carries no origin): on a sparse network, artifacts of several publishers that enter
+//!   through the same neighbour share one tree.
+//! - Repair after a lost batch rests on `lazy_fanout` ihaves and request fallbacks; a node whose
+//!   copy and every ihave are lost gets the artifact only at its next reconnect. The transport
+//!   (QUIC streams) retransmits lost packets, so in the lab and in production a batch is lost only
+//!   when a send queue refuses it or a connection drops.
 //!
 //! ## Measured
 //!

@@ -94,6 +94,7 @@ struct GossipMetrics {
     pushes: Family<ClassLabel, Counter>,
     pulls: Family<ClassLabel, Counter>,
     duplicates: Family<ClassLabel, Counter>,
+    prunes: Family<ClassLabel, Counter>,
     rejected: Family<ClassLabel, Counter>,
     bytes: Family<ClassLabel, Counter>,
 }
@@ -116,6 +117,11 @@ impl GossipMetrics {
                     "duplicates",
                     "Adverts and artifacts already held",
                     &metrics.duplicates,
+                ),
+                (
+                    "prunes",
+                    "Prunes: answers to an eager copy of an artifact already held",
+                    &metrics.prunes,
                 ),
                 (
                     "rejected",
@@ -168,6 +174,12 @@ impl GossipMetrics {
                     &self.duplicates,
                     "received",
                     now.duplicates - was.duplicates,
+                ),
+                (&self.prunes, "sent", now.prunes_sent - was.prunes_sent),
+                (
+                    &self.prunes,
+                    "received",
+                    now.prunes_received - was.prunes_received,
                 ),
                 (&self.rejected, "received", now.rejected - was.rejected),
                 (&self.bytes, "sent", now.bytes_sent - was.bytes_sent),
@@ -249,6 +261,7 @@ impl GossipService {
         let inbox = node.subscribe(settings.protocol)?;
         let mut events = node.peer_events();
         let mut machine = gossip::Gossip::new(settings.config, validator);
+        machine.set_local_id(node.peer_id());
         let started = now();
         // The stream starts with every peer up now: take those at once, before any publish.
         let mut peers = BTreeSet::new();

@@ -5,6 +5,7 @@ mod config;
 mod pool;
 mod pull;
 mod stats;
+mod tree;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Instant;
@@ -13,7 +14,10 @@ use bytes::Bytes;
 
 pub use codec::{decode_batch, encode_batch, BatchLimits, CodecError, Item};
 pub use config::{ClassPolicy, GossipConfig, Relay};
-use config::{HELD_ENTRY_BYTES, PEER_BYTES, PENDING_ENTRY_BYTES, REQUEST_BYTES, TOMBSTONE_BYTES};
+use config::{
+    EAGER_ENTRY_BYTES, HELD_ENTRY_BYTES, PEER_BYTES, PENDING_ENTRY_BYTES, REQUEST_BYTES,
+    TOMBSTONE_BYTES, TREE_BYTES,
+};
 use meshwire_proto::PeerId;
 use pool::Held;
 use pull::Pending;
@@ -120,8 +124,11 @@ struct PeerState {
     slots: usize,
     /// Advertised bytes of its pending pairs.
     bytes: u64,
-    /// Requests and responses waiting for the next flush.
+    /// Requests, responses and catch-up adverts waiting for the next flush.
     queued: Vec<Item>,
+    /// Relayed items (eager copies, lazy adverts, prunes) waiting for the next flush, at most
+    /// `max_pending_per_peer`.
+    relay: Vec<Item>,
     /// Artifacts from this peer the validator rejected.
     rejected: u64,
 }
@@ -150,6 +157,13 @@ pub struct Gossip<V> {
     events: VecDeque<Event>,
     stats: BTreeMap<ClassId, ClassStats>,
     unknown_class: u64,
+    /// Per upstream peer, the peers this node relays `Relay::All` artifacts from it to eagerly.
+    /// (true: confirmed by a graft, gets payloads; false: tentative, gets adverts).
+    trees: HashMap<PeerId, BTreeMap<PeerId, bool>>,
+    /// Mixed into relay-peer choices so nodes spread their relays differently.
+    salt: [u8; 32],
+    /// Prunes for artifacts this node does not hold (expired, or never sent).
+    unmatched_prunes: u64,
 }
 
 impl<V> std::fmt::Debug for Gossip<V> {
@@ -181,7 +195,16 @@ impl<V: Validator> Gossip<V> {
             events: VecDeque::new(),
             stats: BTreeMap::new(),
             unknown_class: 0,
+            trees: HashMap::new(),
+            salt: [0; 32],
+            unmatched_prunes: 0,
         }
+    }
+
+    /// Tells the state machine its own peer id. It seeds the choice of relay peers, so that
+    /// nodes with the same peers choose different ones; without it every node uses the same seed.
+    pub fn set_local_id(&mut self, local: PeerId) {
+        self.salt = *local.as_bytes();
     }
 
     /// The configuration.
@@ -254,7 +277,8 @@ impl<V: Validator> Gossip<V> {
         // Deterministic order, oldest first.
         catch_up.sort_by_key(|(id, held)| (held.expires_at, **id));
         for (id, held) in catch_up {
-            state.queued.push(Item::Advert {
+            // Lazy: a peer that already holds it answers nothing.
+            state.queued.push(Item::IHave {
                 class: held.class,
                 id: *id,
                 size: held.payload.len() as u32,
@@ -272,6 +296,7 @@ impl<V: Validator> Gossip<V> {
         if self.peers.remove(&peer).is_none() {
             return;
         }
+        self.tree_peer_down(&peer);
         let affected: Vec<ArtifactId> = self
             .pending
             .iter()
@@ -303,7 +328,11 @@ impl<V: Validator> Gossip<V> {
 
     fn handle_item(&mut self, from: PeerId, item: Item, now: Instant) {
         match item {
-            Item::Advert { class, id, size } => self.handle_advert(from, class, id, size, now),
+            Item::Advert { class, id, size } => {
+                self.handle_advert(from, class, id, size, false, now)
+            }
+            Item::IHave { class, id, size } => self.handle_advert(from, class, id, size, true, now),
+            Item::Prune(id) => self.handle_prune(from, id),
             Item::Request(id) => self.handle_request(from, id, now),
             Item::Artifact { class, payload } => self.handle_artifact(from, class, payload, now),
             Item::Purge(id) => {
@@ -324,6 +353,8 @@ impl<V: Validator> Gossip<V> {
         };
         let class = held.class;
         let payload = held.payload.clone();
+        let upstream = held.from;
+        self.graft(from, upstream, class);
         let max_slots = self.config.max_pending_per_peer;
         let stats = self.stats.entry(class).or_default();
         stats.requests_received += 1;
@@ -361,7 +392,13 @@ impl<V: Validator> Gossip<V> {
             stats.pushes_received += 1;
         }
         if self.pool.contains_key(&id) || self.is_tombstoned(&id, now) {
-            self.stats.entry(class).or_default().duplicates += 1;
+            let stats = self.stats.entry(class).or_default();
+            stats.duplicates += 1;
+            stats.duplicate_artifacts += 1;
+            if !requested && policy.relay == Relay::All {
+                // An eager copy of what reached us another way: leave its sender's eager set.
+                self.send_prune(from, class, id, now);
+            }
             return;
         }
         if !self.validator.validate(class, &payload) {
@@ -381,6 +418,10 @@ impl<V: Validator> Gossip<V> {
         }
         self.drop_pending(&id);
         self.store(id, class, payload.clone(), policy, now);
+        if let Some(held) = self.pool.get_mut(&id) {
+            held.from = Some(from);
+        }
+        self.stats.entry(class).or_default().delivered += 1;
         self.events.push_back(Event::Delivered {
             id,
             class,
@@ -388,7 +429,11 @@ impl<V: Validator> Gossip<V> {
             from,
         });
         if policy.relay == Relay::All {
-            self.disseminate(id, class, payload, policy, now);
+            if self.config.relay_to_all {
+                self.disseminate(id, class, payload, policy, now);
+            } else {
+                self.relay(id, class, payload, policy, from, now);
+            }
         }
     }
 
@@ -459,6 +504,19 @@ impl<V: Validator> Gossip<V> {
         self.unknown_class
     }
 
+    /// Prunes received for artifacts this node does not hold.
+    pub fn unmatched_prunes(&self) -> u64 {
+        self.unmatched_prunes
+    }
+
+    /// The peers this node relays `Relay::All` artifacts received from `upstream` to eagerly,
+    /// if it has relayed or been grafted for one yet.
+    pub fn eager_peers(&self, upstream: &PeerId) -> Option<BTreeSet<PeerId>> {
+        self.trees
+            .get(upstream)
+            .map(|eager| eager.keys().copied().collect())
+    }
+
     /// Artifacts from `peer` the validator rejected.
     pub fn rejected_from(&self, peer: &PeerId) -> u64 {
         self.peers.get(peer).map_or(0, |p| p.rejected)
@@ -500,16 +558,22 @@ impl<V: Validator> Gossip<V> {
         let queued: u64 = self
             .peers
             .values()
-            .map(|p| PEER_BYTES + REQUEST_BYTES * p.queued.len() as u64)
+            .map(|p| PEER_BYTES + REQUEST_BYTES * (p.queued.len() + p.relay.len()) as u64)
+            .sum();
+        let trees: u64 = self
+            .trees
+            .values()
+            .map(|eager| TREE_BYTES + EAGER_ENTRY_BYTES * eager.len() as u64)
             .sum();
         self.pool_bytes
             + HELD_ENTRY_BYTES * self.pool.len() as u64
             + pending
             + queued
             + TOMBSTONE_BYTES * self.tombstones.len() as u64
+            + trees
     }
 
-    /// Queues `id` for every peer: pushed whole or advertised, as its class says.
+    /// Queues a published `id` for every peer: pushed whole or advertised, as its class says.
     fn disseminate(
         &mut self,
         id: ArtifactId,
@@ -550,26 +614,32 @@ impl<V: Validator> Gossip<V> {
     }
 
     /// Turns queued items into batches: the broadcast items go to every peer; a peer with its own
-    /// items (requests, responses, catch-up adverts) gets them in the same batch. Peers with the
-    /// same items share one encoding.
+    /// items (requests, responses, catch-up adverts, relayed items) gets them in the same batch.
+    /// Peers with the same items share one encoding.
     fn flush(&mut self) {
         self.next_flush = None;
         let broadcast = std::mem::take(&mut self.broadcast);
         let mut shared: Vec<PeerId> = Vec::new();
         let max_items = self.config.max_batch_items.max(1);
         for (peer, state) in self.peers.iter_mut() {
-            if state.queued.is_empty() {
+            if state.queued.is_empty() && state.relay.is_empty() {
                 shared.push(*peer);
                 continue;
             }
             let own = std::mem::take(&mut state.queued);
+            let relayed = std::mem::take(&mut state.relay);
             // Responses held a slot each until now.
             let responses = own
                 .iter()
                 .filter(|item| matches!(item, Item::Artifact { .. }))
                 .count();
             state.slots = state.slots.saturating_sub(responses);
-            let items: Vec<Item> = broadcast.iter().cloned().chain(own).collect();
+            let items: Vec<Item> = broadcast
+                .iter()
+                .cloned()
+                .chain(relayed)
+                .chain(own)
+                .collect();
             for chunk in items.chunks(max_items) {
                 self.transmits.push_back(Transmit {
                     peers: vec![*peer],

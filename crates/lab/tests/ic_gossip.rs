@@ -41,4 +41,12 @@ fn origin_relay_cuts_adverts_and_every_policy_delivers_consensus() {
     let adverts = |policy| metric(&report, policy, "adverts_per_node_per_s");
     assert!(adverts("meshwire") < adverts("ic-origin"));
     assert!(adverts("ic-origin") < adverts("flood"));
+    // Relay trees: one payload per share per node, and fewer share bytes than advertising to all.
+    assert_eq!(
+        metric(&report, "meshwire", "share_duplicates_per_artifact"),
+        0.0
+    );
+    let shares = |policy| metric(&report, policy, "share_duplicate_byte_ratio");
+    assert!(shares("meshwire") < shares("ic-origin"));
+    assert!(shares("meshwire") >= 1.0);
 }

@@ -1,4 +1,4 @@
-//! Encode and decode gossip batches: adverts, requests, artifacts and purges, bounded before allocation.
+//! Encode and decode gossip batches: adverts, requests, artifacts, purges, lazy adverts and prunes, bounded before allocation.
 //!
 //! A batch is `[version u8][count u16][item]*`, every integer little-endian. Items:
 //!
@@ -8,6 +8,12 @@
 //! | 2   | request  | id (32)                                            | 33           |
 //! | 3   | artifact | class (u8), length (u32), payload                  | 6 + length   |
 //! | 4   | purge    | id (32)                                            | 33           |
+//! | 5   | ihave    | class (u8), id (32), size (u32)                    | 38           |
+//! | 6   | prune    | id (32)                                            | 33           |
+//!
+//! An ihave is a lazy advert: the receiver requests the artifact if it lacks it, and says nothing
+//! if it holds it. A prune answers an eager copy (a pushed artifact or an advert) of an artifact
+//! the receiver already held: "stop sending me eagerly what reaches you by the way this one did".
 //!
 //! An artifact carries no id: the receiver derives it from the content ([`ArtifactId::of`]), so a
 //! peer cannot deliver bytes under another artifact's id.
@@ -31,6 +37,8 @@ const TAG_ADVERT: u8 = 1;
 const TAG_REQUEST: u8 = 2;
 const TAG_ARTIFACT: u8 = 3;
 const TAG_PURGE: u8 = 4;
+const TAG_IHAVE: u8 = 5;
+const TAG_PRUNE: u8 = 6;
 
 /// One gossip item.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,14 +63,26 @@ pub enum Item {
     },
     /// "I no longer hold `id`; do not request it from me."
     Purge(ArtifactId),
+    /// A lazy advert: "I hold artifact `id`; request it from me if you lack it" (no reply if held).
+    IHave {
+        /// The artifact's class.
+        class: ClassId,
+        /// Its content id.
+        id: ArtifactId,
+        /// Its payload length in bytes.
+        size: u32,
+    },
+    /// "I already held `id` when your eager copy came: stop pushing to me what reaches you by
+    /// the peer that gave you `id`."
+    Prune(ArtifactId),
 }
 
 impl Item {
     /// Bytes this item takes in a batch.
     pub fn wire_len(&self) -> usize {
         match self {
-            Item::Advert { .. } => ADVERT_LEN,
-            Item::Request(_) | Item::Purge(_) => ID_ITEM_LEN,
+            Item::Advert { .. } | Item::IHave { .. } => ADVERT_LEN,
+            Item::Request(_) | Item::Purge(_) | Item::Prune(_) => ID_ITEM_LEN,
             Item::Artifact { payload, .. } => ARTIFACT_HEADER_LEN + payload.len(),
         }
     }
@@ -137,6 +157,16 @@ pub fn encode_batch(items: &[Item]) -> Bytes {
             }
             Item::Purge(id) => {
                 out.put_u8(TAG_PURGE);
+                out.put_slice(&id.0);
+            }
+            Item::IHave { class, id, size } => {
+                out.put_u8(TAG_IHAVE);
+                out.put_u8(class.0);
+                out.put_slice(&id.0);
+                out.put_u32_le(*size);
+            }
+            Item::Prune(id) => {
+                out.put_u8(TAG_PRUNE);
                 out.put_slice(&id.0);
             }
         }
@@ -218,6 +248,12 @@ pub fn decode_batch(bytes: &Bytes, limits: &BatchLimits) -> Result<Vec<Item>, Co
                 }
             }
             TAG_PURGE => Item::Purge(reader.id()?),
+            TAG_IHAVE => Item::IHave {
+                class: ClassId(reader.u8()?),
+                id: reader.id()?,
+                size: reader.u32()?,
+            },
+            TAG_PRUNE => Item::Prune(reader.id()?),
             other => return Err(CodecError::UnknownTag(other)),
         };
         items.push(item);
@@ -257,15 +293,23 @@ mod tests {
                 payload: Bytes::from_static(b"hi"),
             },
             Item::Purge(ArtifactId([0x22; 32])),
+            Item::IHave {
+                class: ClassId(3),
+                id: ArtifactId([0xbb; 32]),
+                size: 0x100,
+            },
+            Item::Prune(ArtifactId([0x33; 32])),
         ];
         let encoded = encode_batch(&items);
         let expected = [
             "01".to_string(),
-            "0400".to_string(),
+            "0600".to_string(),
             format!("0102{}04030201", "aa".repeat(32)),
             format!("02{}", "11".repeat(32)),
             "0301020000006869".to_string(),
             format!("04{}", "22".repeat(32)),
+            format!("0503{}00010000", "bb".repeat(32)),
+            format!("06{}", "33".repeat(32)),
         ]
         .concat();
         assert_eq!(hex(&encoded), expected);
@@ -282,6 +326,12 @@ mod tests {
         };
         assert_eq!(with(0, 9), Err(CodecError::UnsupportedVersion(9)));
         assert_eq!(with(3, 7), Err(CodecError::UnknownTag(7)));
+        let mut short_prune = encode_batch(&[Item::Prune(ArtifactId([1; 32]))]).to_vec();
+        short_prune.pop();
+        assert_eq!(
+            decode_batch(&Bytes::from(short_prune), &LIMITS),
+            Err(CodecError::Truncated)
+        );
         assert_eq!(with(1, 2), Err(CodecError::Truncated));
         let mut long = good.clone();
         long.push(0);
@@ -327,6 +377,14 @@ mod tests {
                 }
             }),
             any::<[u8; 32]>().prop_map(|id| Item::Purge(ArtifactId(id))),
+            (any::<u8>(), any::<[u8; 32]>(), any::<u32>()).prop_map(|(c, id, size)| {
+                Item::IHave {
+                    class: ClassId(c),
+                    id: ArtifactId(id),
+                    size,
+                }
+            }),
+            any::<[u8; 32]>().prop_map(|id| Item::Prune(ArtifactId(id))),
         ]
     }
 

@@ -69,6 +69,17 @@ pub struct GossipConfig {
     pub max_batch_items: usize,
     /// Most ids remembered after they left the pool.
     pub max_tombstones: usize,
+    /// Peers a node relays a `Relay::All` artifact to eagerly (pushed whole or advertised, as
+    /// its class says) per upstream peer, before any prune: the start of the relay tree. Peers
+    /// that prune leave this set, peers that request (graft) join it.
+    pub eager_fanout: usize,
+    /// Peers outside the eager set a relay sends a lazy advert (ihave) of each `Relay::All`
+    /// artifact: the repair path. Bounded, so adverts do not grow with the peer count.
+    pub lazy_fanout: usize,
+    /// Relay every `Relay::All` artifact to every peer instead of along relay trees, and send no
+    /// prunes: gossip as it was before relay trees (and as the Internet Computer relays consensus
+    /// artifacts), kept so the lab can measure it against them.
+    pub relay_to_all: bool,
 }
 
 impl Default for GossipConfig {
@@ -85,6 +96,9 @@ impl Default for GossipConfig {
             flush_interval: Duration::from_millis(20),
             max_batch_items: 4096,
             max_tombstones: 65_536,
+            eager_fanout: 2,
+            lazy_fanout: 2,
+            relay_to_all: false,
         }
     }
 }
@@ -100,11 +114,16 @@ impl GossipConfig {
 
     /// Upper bound of [`Gossip::memory_bytes`](super::Gossip::memory_bytes) with `peers` peers.
     pub fn memory_bound_bytes(&self, peers: usize) -> u64 {
-        let per_peer = self.max_pending_per_peer as u64 * (PENDING_ENTRY_BYTES + REQUEST_BYTES);
+        // Pending pairs with their requests, and relayed items (pushes, adverts, prunes) queued
+        // for the next flush, at most `max_pending_per_peer` of each.
+        let per_peer = self.max_pending_per_peer as u64 * (PENDING_ENTRY_BYTES + 2 * REQUEST_BYTES);
+        // One eager set per upstream peer, each holding at most every peer.
+        let trees = peers as u64 * (TREE_BYTES + peers as u64 * EAGER_ENTRY_BYTES);
         self.max_pool_bytes
             + self.max_pool_artifacts as u64 * HELD_ENTRY_BYTES
             + self.max_tombstones as u64 * TOMBSTONE_BYTES
             + peers as u64 * (per_peer + PEER_BYTES)
+            + trees
     }
 }
 
@@ -114,3 +133,5 @@ pub(super) const PENDING_ENTRY_BYTES: u64 = 224;
 pub(super) const REQUEST_BYTES: u64 = 40;
 pub(super) const TOMBSTONE_BYTES: u64 = 96;
 pub(super) const PEER_BYTES: u64 = 160;
+pub(super) const TREE_BYTES: u64 = 96;
+pub(super) const EAGER_ENTRY_BYTES: u64 = 48;

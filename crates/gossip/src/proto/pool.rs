@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use meshwire_proto::PeerId;
 
 use super::{ArtifactId, ClassId, ClassPolicy, Gossip, Timer, Validator};
 
@@ -14,6 +15,8 @@ pub(super) struct Held {
     pub(super) advertised: bool,
     /// This node published it.
     pub(super) local: bool,
+    /// The peer it first came from (its upstream in the relay tree); `None` if published here.
+    pub(super) from: Option<PeerId>,
 }
 
 impl<V: Validator> Gossip<V> {
@@ -41,6 +44,7 @@ impl<V: Validator> Gossip<V> {
                 expires_at,
                 advertised: false,
                 local: false,
+                from: None,
             },
         );
     }

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use meshwire_proto::PeerId;
 
-use super::{codec, ArtifactId, ClassId, Gossip, Item, Timer, Validator};
+use super::{codec, ArtifactId, ClassId, Gossip, Item, Relay, Timer, Validator};
 
 pub(super) struct Pending {
     pub(super) class: ClassId,
@@ -21,18 +21,24 @@ impl<V: Validator> Gossip<V> {
         class: ClassId,
         id: ArtifactId,
         size: u32,
+        lazy: bool,
         now: Instant,
     ) {
-        if !self.config.classes.contains_key(&class) {
+        let Some(relay) = self.config.classes.get(&class).map(|policy| policy.relay) else {
             self.unknown_class += 1;
             return;
-        }
+        };
         let duplicate = self.pool.contains_key(&id) || self.is_tombstoned(&id, now);
         let stats = self.stats.entry(class).or_default();
         stats.adverts_received += 1;
+        stats.ihaves_received += u64::from(lazy);
         stats.bytes_received += codec::ADVERT_LEN as u64;
         if duplicate {
             stats.duplicates += 1;
+            if !lazy && relay == Relay::All {
+                // An eager advert of what reached us another way: leave its sender's eager set.
+                self.send_prune(from, class, id, now);
+            }
             return;
         }
         if size > self.config.max_artifact_bytes {

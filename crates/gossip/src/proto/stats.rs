@@ -3,10 +3,14 @@
 /// Counters of one class. "Sent" counts each recipient: an advert to 55 peers is 55 adverts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClassStats {
-    /// Adverts sent.
+    /// Adverts sent, eager and lazy (ihave).
     pub adverts_sent: u64,
-    /// Adverts received.
+    /// Adverts received, eager and lazy (ihave).
     pub adverts_received: u64,
+    /// Lazy adverts (ihave) sent; included in `adverts_sent`.
+    pub ihaves_sent: u64,
+    /// Lazy adverts (ihave) received; included in `adverts_received`.
+    pub ihaves_received: u64,
     /// Adverts (and requests) refused because the peer's budget was spent.
     pub adverts_refused: u64,
     /// Requests sent.
@@ -23,6 +27,20 @@ pub struct ClassStats {
     pub pulls_received: u64,
     /// Adverts and artifacts received for ids already held or tombstoned.
     pub duplicates: u64,
+    /// Artifact copies (payloads) received for ids already held or tombstoned; included in
+    /// `duplicates`.
+    pub duplicate_artifacts: u64,
+    /// Artifacts received from peers, validated and stored (each id once).
+    pub delivered: u64,
+    /// Prunes sent: answers to an eager copy of an artifact already held.
+    pub prunes_sent: u64,
+    /// Prunes received for an artifact of this class.
+    pub prunes_received: u64,
+    /// Requests that added their sender to an eager set (grafts).
+    pub grafts: u64,
+    /// Relayed items (eager copies, lazy adverts, prunes) not queued because the peer's relay
+    /// queue was full.
+    pub relays_dropped: u64,
     /// Artifacts the validator rejected.
     pub rejected: u64,
     /// Artifacts dropped because the pool was full.

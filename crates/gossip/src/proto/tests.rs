@@ -72,7 +72,12 @@ impl Net {
         let count = validators.len();
         let mut nodes: Vec<_> = validators
             .into_iter()
-            .map(|v| Gossip::new(config(), v))
+            .enumerate()
+            .map(|(index, v)| {
+                let mut node = Gossip::new(config(), v);
+                node.set_local_id(peer(index));
+                node
+            })
             .collect();
         for (a, b, link) in links {
             wire.connect(a, b, link).unwrap();
@@ -180,7 +185,8 @@ fn all_artifacts_are_pulled_and_relayed_across_a_line() {
     assert!(net.nodes[1].has(&id) && net.nodes[2].has(&id));
     assert_eq!(net.delivered[2], vec![(id, BLOCK)]);
     assert_eq!(net.stats(1, BLOCK).pulls_received, 1);
-    assert_eq!(net.stats(1, BLOCK).adverts_sent, 2);
+    // Node 1 relays to its only other peer (its eager set), not back to its upstream.
+    assert_eq!(net.stats(1, BLOCK).adverts_sent, 1);
     assert_eq!(net.stats(2, BLOCK).pulls_received, 1);
 }
 
@@ -209,21 +215,60 @@ fn origin_artifacts_are_never_re_advertised_by_a_receiver() {
 }
 
 #[test]
-fn small_artifacts_are_pushed_whole_without_adverts() {
+fn small_artifacts_are_pushed_whole_and_relays_are_pruned() {
     let mut net = Net::full_mesh(3);
     let id = net.nodes[0]
         .publish(SHARE, payload(7, 200), net.wire.now())
         .unwrap();
     net.run(Duration::from_millis(200));
+    assert_eq!(net.stats(0, SHARE).pushes_sent, 2);
     for index in 1..3 {
         assert!(net.nodes[index].has(&id));
         let stats = net.stats(index, SHARE);
-        assert_eq!(stats.adverts_received, 0);
+        assert_eq!(stats.pushes_received, 1, "one payload");
         assert_eq!(stats.requests_sent, 0);
+        // The other receiver is this relay's tentative eager peer: it gets an eager advert,
+        // already holds the share and prunes.
+        assert_eq!(stats.pushes_sent, 0);
+        assert_eq!(stats.adverts_sent, 1);
+        assert_eq!(stats.prunes_sent, 1);
+        assert_eq!(stats.prunes_received, 1);
+        assert_eq!(
+            net.nodes[index].eager_peers(&peer(0)),
+            Some(BTreeSet::new()),
+            "pruned"
+        );
     }
-    // Each receiver relays once to both its peers; one copy of each relay is a duplicate.
-    assert_eq!(net.stats(1, SHARE).pushes_sent, 2);
-    assert!(net.stats(0, SHARE).duplicates >= 2);
+    // A later share still goes from its publisher to every peer.
+    net.nodes[0]
+        .publish(SHARE, payload(8, 200), net.wire.now())
+        .unwrap();
+    net.run(Duration::from_millis(200));
+    assert_eq!(net.stats(0, SHARE).pushes_sent, 4);
+    // Node 2 left node 1's eager set, so it now gets a lazy advert, which asks no answer.
+    let relay = net.stats(1, SHARE);
+    assert_eq!((relay.pushes_sent, relay.ihaves_sent), (0, 1));
+    assert_eq!(net.stats(2, SHARE).prunes_sent, 1);
+    assert_eq!(net.stats(2, SHARE).duplicate_artifacts, 0);
+}
+
+#[test]
+fn relay_to_all_relays_every_artifact_to_every_peer_without_prunes() {
+    let mut net = Net::full_mesh(3);
+    for node in &mut net.nodes {
+        node.config.relay_to_all = true;
+    }
+    let id = net.nodes[0]
+        .publish(SHARE, payload(9, 200), net.wire.now())
+        .unwrap();
+    net.run(Duration::from_millis(200));
+    for index in 1..3 {
+        assert!(net.nodes[index].has(&id));
+        let stats = net.stats(index, SHARE);
+        assert_eq!(stats.pushes_sent, 2, "to both peers, upstream included");
+        assert_eq!(stats.prunes_sent, 0);
+        assert!(stats.duplicate_artifacts >= 1);
+    }
 }
 
 #[test]
@@ -410,6 +455,254 @@ fn a_peer_flooding_a_million_adverts_stays_within_the_memory_bound() {
     assert_eq!(gossip.peer_budget_used(&honest), Some((1, 6)));
 }
 
+/// Every node of a `count`-node full mesh publishes `shares` shares (pushed whole) and node
+/// `round % count` a block (advertised) per round; returns what was published, with its origin.
+fn publish_rounds(
+    net: &mut Net,
+    nodes: impl Iterator<Item = usize> + Clone,
+    rounds: std::ops::Range<u8>,
+    shares: u8,
+) -> Vec<(usize, ArtifactId)> {
+    let mut published = Vec::new();
+    for round in rounds {
+        for node in nodes.clone() {
+            let now = net.wire.now();
+            for share in 0..shares {
+                let body = payload(round.wrapping_mul(7).wrapping_add(share), 256);
+                let mut body = body.to_vec();
+                body.extend_from_slice(&[node as u8, round, share]);
+                let id = net.nodes[node].publish(SHARE, body.into(), now).unwrap();
+                published.push((node, id));
+            }
+        }
+        let maker = nodes
+            .clone()
+            .nth(round as usize % nodes.clone().count())
+            .unwrap();
+        let mut block = payload(round, 3000).to_vec();
+        block.push(round);
+        let id = net.nodes[maker]
+            .publish(BLOCK, block.into(), net.wire.now())
+            .unwrap();
+        published.push((maker, id));
+        net.run(Duration::from_millis(700));
+    }
+    published
+}
+
+#[test]
+fn every_relayed_artifact_reaches_every_node_once_as_a_payload_in_a_32_node_mesh() {
+    const NODES: usize = 32;
+    let mut net = Net::full_mesh(NODES);
+    let published = publish_rounds(&mut net, 0..NODES, 0..4, 3);
+    net.run(Duration::from_secs(2));
+    let artifacts = published.len() as u64;
+    for index in 0..NODES {
+        let mut payloads = 0;
+        let mut adverts = 0;
+        for class in [SHARE, BLOCK] {
+            let stats = net.stats(index, class);
+            assert_eq!(
+                stats.duplicate_artifacts, 0,
+                "node {index} {class:?}: {stats:?}"
+            );
+            payloads += stats.pushes_received + stats.pulls_received;
+            adverts += stats.adverts_received;
+        }
+        let own = published
+            .iter()
+            .filter(|(origin, _)| *origin == index)
+            .count() as u64;
+        assert_eq!(
+            payloads,
+            artifacts - own,
+            "node {index}: one payload per artifact"
+        );
+        for (_, id) in &published {
+            assert!(net.nodes[index].has(id), "node {index} lacks {id:?}");
+        }
+        // Adverts stay bounded: the block's advert from its maker, `lazy_fanout` ihaves per
+        // artifact, and the first eager adverts of each upstream before its prune.
+        let config = config();
+        let bound = artifacts * (1 + config.lazy_fanout as u64)
+            + (NODES as u64 - 1) * config.eager_fanout as u64 * 4;
+        assert!(
+            adverts <= bound,
+            "node {index}: {adverts} adverts, bound {bound}"
+        );
+    }
+}
+
+#[test]
+fn relayed_artifacts_arrive_under_10_percent_loss_and_after_a_healed_partition() {
+    use meshwire_proto::testnet::Loss;
+    const NODES: usize = 32;
+    let mut links = Vec::new();
+    for a in 0..NODES {
+        for b in a + 1..NODES {
+            links.push((a, b, Link::new(LATENCY).with_loss(Loss::Random(0.1))));
+        }
+    }
+    let mut net = Net::with_links((0..NODES).map(|_| accept_all()).collect(), links);
+    let mut published = publish_rounds(&mut net, 0..NODES, 0..3, 3);
+    // Partition: the halves lose their connections to each other and keep publishing.
+    const HALF: usize = NODES / 2;
+    let half = HALF;
+    let cross = |a: usize, b: usize| (a < HALF) != (b < HALF);
+    let now = net.wire.now();
+    for a in 0..NODES {
+        for b in 0..NODES {
+            if cross(a, b) {
+                net.nodes[a].handle_peer_down(peer(b), now);
+            }
+        }
+    }
+    net.drop_batch = Box::new(move |from, to, _| cross(from, to));
+    published.extend(publish_rounds(&mut net, 0..half, 3..5, 3));
+    published.extend(publish_rounds(&mut net, half..NODES, 5..7, 3));
+    // Heal: connections come back up, and catch-up adverts bring each side the other's.
+    net.drop_batch = Box::new(|_, _, _| false);
+    let now = net.wire.now();
+    for a in 0..NODES {
+        for b in 0..NODES {
+            if cross(a, b) {
+                net.nodes[a].handle_peer_up(peer(b), now);
+            }
+        }
+    }
+    net.run(Duration::from_secs(20));
+    for index in 0..NODES {
+        let missing: Vec<_> = published
+            .iter()
+            .filter(|(_, id)| !net.nodes[index].has(id))
+            .collect();
+        assert!(missing.is_empty(), "node {index} lacks {missing:?}");
+    }
+    // Some shares missed their publisher's copy and came by a pull after an ihave.
+    let pulled: u64 = (0..NODES).map(|i| net.stats(i, SHARE).pulls_received).sum();
+    assert!(pulled > 0);
+}
+
+#[test]
+fn relayed_artifacts_reach_nodes_that_leave_and_rejoin() {
+    const NODES: usize = 16;
+    let mut net = Net::full_mesh(NODES);
+    let mut published = publish_rounds(&mut net, 0..NODES, 0..2, 3);
+    // Churn: nodes 3, 7 and 11 leave one after another, each missing a round, and rejoin.
+    for leaving in [3usize, 7, 11] {
+        let now = net.wire.now();
+        for other in (0..NODES).filter(|other| *other != leaving) {
+            net.nodes[other].handle_peer_down(peer(leaving), now);
+            net.nodes[leaving].handle_peer_down(peer(other), now);
+        }
+        net.drop_batch = Box::new(move |from, to, _| from == leaving || to == leaving);
+        let staying = (0..NODES).filter(move |node| *node != leaving);
+        let round = leaving as u8 + 10;
+        published.extend(publish_rounds(&mut net, staying, round..round + 1, 3));
+        net.drop_batch = Box::new(|_, _, _| false);
+        let now = net.wire.now();
+        for other in (0..NODES).filter(|other| *other != leaving) {
+            net.nodes[other].handle_peer_up(peer(leaving), now);
+            net.nodes[leaving].handle_peer_up(peer(other), now);
+        }
+    }
+    net.run(Duration::from_secs(5));
+    for index in 0..NODES {
+        let missing: Vec<_> = published
+            .iter()
+            .filter(|(_, id)| !net.nodes[index].has(id))
+            .collect();
+        assert!(missing.is_empty(), "node {index} lacks {missing:?}");
+    }
+}
+
+#[test]
+fn a_peer_flooding_a_million_ihaves_prunes_or_grafts_stays_within_the_memory_bound() {
+    let mut config = config();
+    config.max_pending_per_peer = 1000;
+    config.max_pending_bytes_per_peer = 1 << 20;
+    config.max_tombstones = 1000;
+    let mut gossip = Gossip::new(config.clone(), accept_all());
+    gossip.set_local_id(peer(0));
+    let mut now = Instant::now();
+    let attacker = peer(1);
+    let peers: Vec<PeerId> = (1..9).map(peer).collect();
+    for p in &peers {
+        gossip.handle_peer_up(*p, now);
+    }
+    // Artifacts the victim holds and relays, each from an honest upstream.
+    let mut held = Vec::new();
+    for seed in 0..64u8 {
+        let share = payload(seed, 200);
+        let id = ArtifactId::of(SHARE, &share);
+        let batch = encode_batch(&[Item::Artifact {
+            class: SHARE,
+            payload: share,
+        }]);
+        gossip
+            .handle_batch(peers[1 + seed as usize % 7], &batch, now)
+            .unwrap();
+        held.push(id);
+    }
+    let bound = config.memory_bound_bytes(peers.len());
+    let mut rng = SmallRng::seed_from_u64(2);
+    let mut peak = 0;
+    for kind in 0..3 {
+        for _ in 0..1000 {
+            let items: Vec<Item> = (0..1000)
+                .map(|_| {
+                    let id = if rng.random::<bool>() {
+                        held[rng.random_range(0..held.len())]
+                    } else {
+                        ArtifactId(rng.random())
+                    };
+                    match kind {
+                        0 => Item::IHave {
+                            class: SHARE,
+                            id,
+                            size: rng.random_range(1..4096),
+                        },
+                        1 => Item::Prune(id),
+                        _ => Item::Request(id),
+                    }
+                })
+                .collect();
+            gossip
+                .handle_batch(attacker, &encode_batch(&items), now)
+                .unwrap();
+            let (slots, bytes) = gossip.peer_budget_used(&attacker).unwrap();
+            assert!(slots <= config.max_pending_per_peer);
+            assert!(bytes <= config.max_pending_bytes_per_peer);
+            peak = peak.max(gossip.memory_bytes());
+            now += Duration::from_millis(2);
+            gossip.handle_timeout(now);
+            while gossip.poll_transmit().is_some() {}
+            peak = peak.max(gossip.memory_bytes());
+        }
+    }
+    assert!(peak <= bound, "peak {peak} over bound {bound}");
+    let stats = gossip.stats()[&SHARE];
+    assert_eq!(stats.ihaves_received, 1_000_000);
+    assert!(stats.prunes_received > 400_000, "{stats:?}");
+    assert!(gossip.unmatched_prunes() > 400_000);
+    assert!(stats.requests_received > 400_000, "{stats:?}");
+    // A graft adds the attacker once per upstream, whatever the number of requests.
+    assert!(stats.grafts <= 7, "{stats:?}");
+    for upstream in &peers {
+        let eager = gossip.eager_peers(upstream).unwrap_or_default();
+        assert!(eager.len() <= peers.len());
+    }
+    // Honest peers are unaffected: one's advert is still taken and requested.
+    let id = ArtifactId::of(BLOCK, b"honest");
+    let advert = encode_batch(&[Item::Advert {
+        class: BLOCK,
+        id,
+        size: 6,
+    }]);
+    gossip.handle_batch(peers[2], &advert, now).unwrap();
+    assert_eq!(gossip.peer_budget_used(&peers[2]), Some((1, 6)));
+}
+
 #[test]
 fn local_calls_are_checked() {
     let mut config = config();
@@ -451,7 +744,13 @@ fn arb_item() -> impl Strategy<Value = Item> {
             class: ClassId(c),
             payload: payload(p, 64),
         }),
-        id.prop_map(Item::Purge),
+        id.clone().prop_map(Item::Purge),
+        (0u8..5, id.clone(), 0u32..5000).prop_map(|(c, id, size)| Item::IHave {
+            class: ClassId(c),
+            id,
+            size
+        }),
+        id.prop_map(Item::Prune),
     ]
 }
 

@@ -6,7 +6,9 @@
 //!   `docs/lessons.md`);
 //! * `ic-origin`: ingress advertised by its origin only, consensus artifacts relayed by all;
 //! * `meshwire`: as `ic-origin`, and artifacts of at most `push_whole_max_bytes` (ingress, shares)
-//!   are pushed whole instead of advertised.
+//!   are pushed whole instead of advertised, and consensus artifacts are relayed on the gossip
+//!   crate's relay trees (default `eager_fanout` and `lazy_fanout`); `flood` and `ic-origin` relay
+//!   to every peer (`relay_to_all`), as the IC does.
 //!
 //! Workload: ingress enters at `ingress_per_s` in total, each node publishing its share on a fixed
 //! interval with a random phase, from `warmup_ms` until the last round starts (none enters during
@@ -22,6 +24,9 @@
 //! over ingress included in measured blocks), `achieved_rps` (ingress included in measured blocks
 //! per second of their rounds), `consensus_delivery_ratio` (share of measured blocks and shares
 //! held by every node `drain_ms` after the last round).
+//! Per class (`ingress_`, `block_`, `share_` prefixes, see [`class_metrics`]): the byte floor
+//! below restricted to the class, duplicate payloads per artifact, adverts received and bytes
+//! sent per node per second, and publish-to-delivery latency p50/p99.
 //!
 //! # Floor
 //!
@@ -117,6 +122,8 @@ fn gossip_config(policy: &str, flush: Duration, push_max: u32) -> Option<GossipC
     };
     let mut config = GossipConfig {
         flush_interval: flush,
+        // The IC's policies relay consensus artifacts to every peer; meshwire's use relay trees.
+        relay_to_all: policy != "meshwire",
         ..GossipConfig::default()
     };
     config
@@ -137,13 +144,16 @@ struct Tally {
     stats_at_end: BTreeMap<usize, BTreeMap<ClassId, ClassStats>>,
     /// Each node's counters at the end of the drain (they start at zero with the node).
     stats_final: BTreeMap<usize, BTreeMap<ClassId, ClassStats>>,
-    /// Payload bytes each node published, every class, over the whole run.
-    published_bytes: BTreeMap<usize, u64>,
+    /// Payload bytes each node published, per class, over the whole run.
+    published_bytes: BTreeMap<(usize, ClassId), u64>,
+    /// Per class, publish-to-delivery times (ms) of every delivery at every node, for
+    /// ingress entered in the measured window and blocks and shares of measured rounds.
+    delivery_ms: BTreeMap<ClassId, Vec<f64>>,
 }
 
 impl Tally {
-    fn published(&mut self, node: usize, bytes: usize) {
-        *self.published_bytes.entry(node).or_default() += bytes as u64;
+    fn published(&mut self, node: usize, class: ClassId, bytes: usize) {
+        *self.published_bytes.entry((node, class)).or_default() += bytes as u64;
     }
 }
 
@@ -161,6 +171,22 @@ fn ingress_payload(entry: Duration, node: usize, seq: u64, len: usize) -> Bytes 
     out.put_u64_le(seq);
     out.resize(len.max(18), 0xab);
     out.freeze()
+}
+
+/// When a delivered artifact was published, if it is measured: an ingress's entry time inside
+/// the window; a block's or share's round start (its first eight bytes are the round), for
+/// measured rounds.
+fn published_at(payload: &[u8], class: ClassId, workload: &Workload) -> Option<Duration> {
+    if class == INGRESS {
+        let entry = entry_time(payload)?;
+        let window = workload.window_start()..workload.window_end();
+        return window.contains(&entry).then_some(entry);
+    }
+    let bytes: [u8; 8] = payload.get(..8)?.try_into().ok()?;
+    let round = u64::from_le_bytes(bytes);
+    workload
+        .measured(round)
+        .then(|| workload.round_start(round))
 }
 
 fn entry_time(payload: &[u8]) -> Option<Duration> {
@@ -309,6 +335,14 @@ pub fn run(
                 ));
                 while let Some(artifact) = delivered.recv().await {
                     let now = clock();
+                    if let Some(sent) = published_at(&artifact.payload, artifact.class, &workload) {
+                        tally
+                            .borrow_mut()
+                            .delivery_ms
+                            .entry(artifact.class)
+                            .or_default()
+                            .push(now.saturating_sub(sent).as_secs_f64() * 1e3);
+                    }
                     match artifact.class {
                         INGRESS => {
                             let mut view = view.borrow_mut();
@@ -375,7 +409,7 @@ async fn publish_ingress(
         match gossip.publish(INGRESS, payload) {
             Ok(id) => {
                 view.borrow_mut().ingress.insert(id, (now, now));
-                tally.borrow_mut().published(index, len);
+                tally.borrow_mut().published(index, INGRESS, len);
             }
             Err(error) => tracing::debug!(%error, "ingress refused"),
         }
@@ -428,7 +462,7 @@ async fn run_rounds(
             drop(counts);
             let len = block.len();
             if let Ok(id) = gossip.publish(BLOCK, block.freeze()) {
-                tally.borrow_mut().published(index, len);
+                tally.borrow_mut().published(index, BLOCK, len);
                 published.push(id);
             }
         }
@@ -440,7 +474,7 @@ async fn run_rounds(
             payload.resize(workload.share_bytes.max(24), 0x5a);
             let len = payload.len();
             if let Ok(id) = gossip.publish(SHARE, payload.freeze()) {
-                tally.borrow_mut().published(index, len);
+                tally.borrow_mut().published(index, SHARE, len);
                 published.push(id);
             }
         }
@@ -520,7 +554,66 @@ fn metrics(tally: &Tally, workload: &Workload) -> Metrics {
         "duplicate_byte_ratio".into(),
         round_metric(floor.received_per_node / floor.distinct_per_node),
     );
+    for (class, name) in [(INGRESS, "ingress"), (BLOCK, "block"), (SHARE, "share")] {
+        class_metrics(&mut metrics, tally, workload, class, name);
+    }
     metrics
+}
+
+/// Per-class metrics, prefixed with the class's name:
+///
+/// * `_distinct_bytes_per_node`, `_received_bytes_per_node`, `_duplicate_byte_ratio`: the byte
+///   floor of the module's `# Floor` restricted to the class (every item of the class counted:
+///   its adverts, requests, artifact copies and prunes);
+/// * `_duplicates_per_artifact`: artifact copies received for ids already held, over artifacts
+///   received (whole run, every node): 0 is one payload per artifact per node;
+/// * `_adverts_per_node_per_s` (received, eager and lazy) and `_bytes_per_node_per_s` (item
+///   bytes sent), over the window;
+/// * `_delivery_ms_p50`/`_p99`: publish (ingress: entry) to delivery at each receiving node.
+fn class_metrics(
+    metrics: &mut Metrics,
+    tally: &Tally,
+    workload: &Workload,
+    class: ClassId,
+    name: &str,
+) {
+    let window_s = (workload.window_end() - workload.window_start()).as_secs_f64();
+    let nodes = workload.nodes as f64;
+    let (mut adverts, mut sent) = (0u64, 0u64);
+    for (node, end) in &tally.stats_at_end {
+        let start = tally.stats_at_start.get(node).cloned().unwrap_or_default();
+        let before = start.get(&class).copied().unwrap_or_default();
+        let after = end.get(&class).copied().unwrap_or_default();
+        adverts += after.adverts_received - before.adverts_received;
+        sent += after.bytes_sent - before.bytes_sent;
+    }
+    let floor = class_floor(tally, workload.nodes, class);
+    let (mut duplicates, mut delivered) = (0u64, 0u64);
+    for stats in tally.stats_final.values().filter_map(|c| c.get(&class)) {
+        duplicates += stats.duplicate_artifacts;
+        delivered += stats.delivered;
+    }
+    let mut latencies = tally.delivery_ms.get(&class).cloned().unwrap_or_default();
+    latencies.sort_by(f64::total_cmp);
+    let values = [
+        ("distinct_bytes_per_node", floor.distinct_per_node),
+        ("received_bytes_per_node", floor.received_per_node),
+        (
+            "duplicate_byte_ratio",
+            floor.received_per_node / floor.distinct_per_node.max(1.0),
+        ),
+        (
+            "duplicates_per_artifact",
+            duplicates as f64 / delivered.max(1) as f64,
+        ),
+        ("adverts_per_node_per_s", adverts as f64 / nodes / window_s),
+        ("bytes_per_node_per_s", sent as f64 / nodes / window_s),
+        ("delivery_ms_p50", percentile_f64(&latencies, 0.5)),
+        ("delivery_ms_p99", percentile_f64(&latencies, 0.99)),
+    ];
+    for (metric, value) in values {
+        metrics.insert(format!("{name}_{metric}"), round_metric(value));
+    }
 }
 
 /// The byte floor of a run (see the module's `# Floor`), mean over nodes.
@@ -533,15 +626,31 @@ struct ByteFloor {
 /// Every node had to hold every artifact the others published: `published` (per node) less its
 /// own, averaged over `nodes`; and what the nodes whose counters were read at the end received.
 fn byte_floor(tally: &Tally, nodes: usize) -> ByteFloor {
-    let total: u64 = tally.published_bytes.values().sum();
+    floor_of(tally, nodes, |_| true)
+}
+
+/// [`byte_floor`] restricted to one class.
+fn class_floor(tally: &Tally, nodes: usize, class: ClassId) -> ByteFloor {
+    floor_of(tally, nodes, |c| c == class)
+}
+
+fn floor_of(tally: &Tally, nodes: usize, counts: impl Fn(ClassId) -> bool) -> ByteFloor {
+    let mut by_node: BTreeMap<usize, u64> = BTreeMap::new();
+    for ((node, class), bytes) in &tally.published_bytes {
+        if counts(*class) {
+            *by_node.entry(*node).or_default() += bytes;
+        }
+    }
+    let total: u64 = by_node.values().sum();
     let distinct: u64 = (0..nodes)
-        .map(|node| total - tally.published_bytes.get(&node).copied().unwrap_or(0))
+        .map(|node| total - by_node.get(&node).copied().unwrap_or(0))
         .sum();
     let received: u64 = tally
         .stats_final
         .values()
-        .flat_map(|classes| classes.values())
-        .map(|stats| stats.bytes_received)
+        .flat_map(|classes| classes.iter())
+        .filter(|(class, _)| counts(**class))
+        .map(|(_, stats)| stats.bytes_received)
         .sum();
     ByteFloor {
         distinct_per_node: distinct as f64 / nodes.max(1) as f64,
@@ -557,9 +666,9 @@ mod tests {
     fn every_node_must_hold_what_the_others_published() {
         let mut tally = Tally::default();
         // Three nodes: 100, 200 and 0 bytes published.
-        tally.published(0, 60);
-        tally.published(0, 40);
-        tally.published(1, 200);
+        tally.published(0, INGRESS, 60);
+        tally.published(0, SHARE, 40);
+        tally.published(1, SHARE, 200);
         for (node, received) in [(0, 250), (1, 150), (2, 400)] {
             let stats = ClassStats {
                 bytes_received: received,
@@ -574,5 +683,9 @@ mod tests {
         assert_eq!(floor.distinct_per_node, 200.0);
         // 2 × (250 + 150 + 400) / 3.
         assert_eq!(floor.received_per_node, 1600.0 / 3.0);
+        // Shares alone: node 0 needs 200, node 1 needs 40, node 2 needs 240.
+        let shares = class_floor(&tally, 3, SHARE);
+        assert_eq!(shares.distinct_per_node, 160.0);
+        assert_eq!(shares.received_per_node, 800.0 / 3.0);
     }
 }
