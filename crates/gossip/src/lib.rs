@@ -174,6 +174,7 @@
 //! | `max_pool_artifacts`, `max_pool_bytes` | 65 536, 256 MiB | the artifact pool |
 //! | `max_tombstones` | 65 536 | ids remembered after expiry, purge or rejection |
 //! | `max_batch_items`, `max_artifact_bytes` | 4096, 4 MiB | decoder limits, checked before allocation |
+//! | `max_batch_bytes` | 8 MiB | bytes per batch sent: a burst of large artifacts is split over several batches, each within a node frame |
 //!
 //! An advert beyond its sender's budget is refused and counted (`adverts_refused`): a peer that floods
 //! adverts fills only its own budget (`a_peer_flooding_a_million_adverts_stays_within_the_memory_bound`

@@ -621,6 +621,7 @@ impl<V: Validator> Gossip<V> {
         let broadcast = std::mem::take(&mut self.broadcast);
         let mut shared: Vec<PeerId> = Vec::new();
         let max_items = self.config.max_batch_items.max(1);
+        let max_bytes = self.config.max_batch_bytes;
         for (peer, state) in self.peers.iter_mut() {
             if state.queued.is_empty() && state.relay.is_empty() {
                 shared.push(*peer);
@@ -640,23 +641,81 @@ impl<V: Validator> Gossip<V> {
                 .chain(relayed)
                 .chain(own)
                 .collect();
-            for chunk in items.chunks(max_items) {
+            for batch in batches(&items, max_items, max_bytes) {
                 self.transmits.push_back(Transmit {
                     peers: vec![*peer],
-                    batch: encode_batch(chunk),
+                    batch,
                 });
             }
         }
         if !shared.is_empty() {
-            for chunk in broadcast.chunks(max_items) {
+            for batch in batches(&broadcast, max_items, max_bytes) {
                 self.transmits.push_back(Transmit {
                     peers: shared.clone(),
-                    batch: encode_batch(chunk),
+                    batch,
                 });
             }
         }
     }
 }
 
+/// Encodes `items` as batches of at most `max_items` items and `max_bytes` bytes each, in order
+/// (an item larger than `max_bytes` on its own goes alone), so no batch outgrows a node frame.
+fn batches(items: &[Item], max_items: usize, max_bytes: usize) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < items.len() {
+        let mut end = start;
+        let mut bytes = codec::BATCH_HEADER_LEN;
+        while end < items.len() && end - start < max_items {
+            let len = items[end].wire_len();
+            if end > start && bytes + len > max_bytes {
+                break;
+            }
+            bytes += len;
+            end += 1;
+        }
+        out.push(encode_batch(&items[start..end]));
+        start = end;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod batch_split {
+    use super::*;
+
+    #[test]
+    fn a_burst_of_large_artifacts_is_split_into_batches_within_the_byte_bound() {
+        // 16 artifacts of 1 MiB were one 16 MiB batch, over the node's frame limit, and lost.
+        let items: Vec<Item> = (0..16u8)
+            .map(|i| Item::Artifact {
+                class: ClassId(1),
+                payload: Bytes::from(vec![i; 1 << 20]),
+            })
+            .chain(std::iter::once(Item::Request(ArtifactId([9; 32]))))
+            .collect();
+        let limit = 4 << 20;
+        let out = batches(&items, 4096, limit);
+        assert!(out.len() >= 5);
+        let limits = BatchLimits {
+            max_items: 4096,
+            max_artifact_bytes: 2 << 20,
+        };
+        let mut decoded = Vec::new();
+        for batch in &out {
+            assert!(batch.len() <= limit, "batch of {} bytes", batch.len());
+            decoded.extend(decode_batch(batch, &limits).unwrap());
+        }
+        assert_eq!(decoded, items, "every item once, in order");
+        // An item over the bound goes alone; the item count bound still holds.
+        assert_eq!(batches(&items[..2], 4096, 1000).len(), 2);
+        assert_eq!(
+            batches(&vec![Item::Request(ArtifactId([1; 32])); 10], 3, limit).len(),
+            4
+        );
+    }
+}

@@ -67,6 +67,10 @@ pub struct GossipConfig {
     pub flush_interval: Duration,
     /// Most items per batch, on both sides.
     pub max_batch_items: usize,
+    /// Most bytes per batch a node sends: queued items beyond it go in further batches, so a
+    /// burst of large artifacts never makes a batch larger than a node frame (16 MiB by default).
+    /// At least `max_artifact_bytes` plus an item header, or that artifact goes alone.
+    pub max_batch_bytes: usize,
     /// Most ids remembered after they left the pool.
     pub max_tombstones: usize,
     /// Peers a node relays a `Relay::All` artifact to eagerly (pushed whole or advertised, as
@@ -95,6 +99,7 @@ impl Default for GossipConfig {
             request_timeout: Duration::from_secs(1),
             flush_interval: Duration::from_millis(20),
             max_batch_items: 4096,
+            max_batch_bytes: 8 * 1024 * 1024,
             max_tombstones: 65_536,
             eager_fanout: 2,
             lazy_fanout: 2,
