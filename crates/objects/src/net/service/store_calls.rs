@@ -1,0 +1,73 @@
+//! The service's calls into the store, hashing included: all run on tokio's blocking pool, so
+//! disk reads, durable commits and SHA-256 of large objects never stall the async workers that
+//! serve the network and the HTTP API.
+
+use bytes::Bytes;
+
+use super::{lock, ObjectService, ObjectServiceError};
+use crate::net::store::{Store, StoreError, StoredObject};
+use crate::proto::object::{content_hash, Stamp};
+
+impl ObjectService {
+    /// The version for a new write of `key`: a tick of the hybrid clock after it observed the
+    /// version this node holds and `after` (a conditional write's expected version), unless one
+    /// is beyond the accepted skew (it is then not adopted, and loses).
+    /// The content's hash is computed on the blocking pool with the held version's lookup.
+    pub(super) async fn next_stamp(
+        &self,
+        key: &str,
+        content: &Bytes,
+        after: Option<u64>,
+    ) -> Result<Stamp, ObjectServiceError> {
+        let (key, content) = (key.to_string(), content.clone());
+        let (held, hash) = self
+            .on_store(move |store| {
+                // A damaged local copy is not observed: the write replaces it.
+                let held = store.header(&key).unwrap_or(None).map(|(stamp, _)| stamp);
+                (held, content_hash(&content))
+            })
+            .await?;
+        let now_ms = self.inner.physical.now_ms();
+        let mut hybrid = lock(&self.inner.clock);
+        for version in held.map(|held| held.version).into_iter().chain(after) {
+            // A refused version is not adopted: a write must not inherit a stamp from the future.
+            let _ = hybrid.observe(version, now_ms);
+        }
+        let version = hybrid.tick(now_ms).map_err(ObjectServiceError::Clock)?;
+        Ok(Stamp { version, hash })
+    }
+
+    /// Runs `call` on the store in tokio's blocking pool, so disk reads, durable commits and
+    /// hashing never stall the async workers that serve the network and the HTTP API.
+    pub(crate) async fn on_store<T, F>(&self, call: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Store) -> T + Send + 'static,
+    {
+        let store = self.inner.store.clone();
+        blocking(move || call(&store))
+            .await
+            .ok_or(StoreError::Stopped)
+    }
+
+    /// The local copy of `key`: from the object cache at once, else read on the blocking pool.
+    pub(crate) async fn local_copy(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
+        if let Some(object) = self.inner.store.cached(key) {
+            return Ok(Some(object));
+        }
+        let key = key.to_string();
+        self.on_store(move |store| store.get(&key)).await?
+    }
+}
+
+/// Runs `work` on tokio's blocking pool; `None` when the runtime cancelled it (shutting down). A
+/// panic in `work` resumes in the caller.
+pub(super) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(value) => Some(value),
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(_) => None,
+    }
+}
