@@ -56,6 +56,19 @@ pub const FANOUT: ProtocolId = ProtocolId(40);
 /// The lab's xx-team batches, one hop at a time.
 pub const HOP: ProtocolId = ProtocolId(50);
 
+/// Every protocol id meshwire's own services use (all in the reserved ranges).
+pub const SERVICES: [ProtocolId; 9] = [
+    SESSION_DATAGRAM,
+    GOSSIP,
+    SESSION_RELAY,
+    OBJECT_FETCH,
+    OBJECT_STORE,
+    OBJECT_CAS,
+    OBJECT_SYNC,
+    PIPELINE,
+    PIPELINE_PING,
+];
+
 /// Whether `protocol` is in a range reserved for meshwire's services.
 pub fn is_reserved(protocol: ProtocolId) -> bool {
     RESERVED_DATAGRAM.contains(&protocol.0) || RESERVED.contains(&protocol.0)
@@ -67,17 +80,7 @@ mod tests {
 
     #[test]
     fn services_use_reserved_ids_and_conventions_use_application_ids() {
-        let services = [
-            SESSION_DATAGRAM,
-            GOSSIP,
-            SESSION_RELAY,
-            OBJECT_FETCH,
-            OBJECT_STORE,
-            OBJECT_CAS,
-            OBJECT_SYNC,
-            PIPELINE,
-            PIPELINE_PING,
-        ];
+        let services = SERVICES;
         let conventions = [ECHO, DATA, BULK, BULK_STREAM, FANOUT, HOP];
         assert!(services.iter().all(|id| is_reserved(*id)));
         assert!(conventions.iter().all(|id| !is_reserved(*id)));

@@ -14,10 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use meshwire::proto::wire::{Destination, EncodedMessage, Kind, Limits, MsgHeader};
-use meshwire::protocols::{
-    ECHO, GOSSIP, OBJECT_CAS, OBJECT_FETCH, OBJECT_STORE, OBJECT_SYNC, PIPELINE, PIPELINE_PING,
-    SESSION_RELAY,
-};
+use meshwire::protocols::{ECHO, SERVICES};
 use meshwire::tls::{client_crypto, TlsIdentity};
 use meshwire::{Keypair, Node, NodeConfig, ProtocolId};
 use meshwire_alloc_count::{
@@ -400,16 +397,7 @@ fn request_floods_at_every_reserved_protocol() {
     let before = arena.settled_heap();
     reset_tracked_peak();
     let victim = arena.victim.peer_id();
-    let protocols = [
-        GOSSIP,
-        SESSION_RELAY,
-        OBJECT_FETCH,
-        OBJECT_STORE,
-        OBJECT_CAS,
-        OBJECT_SYNC,
-        PIPELINE,
-        PIPELINE_PING,
-    ];
+    let protocols = SERVICES;
     let refused = arena.rt.block_on(async {
         let mut tasks = tokio::task::JoinSet::new();
         let mut refused = 0;
