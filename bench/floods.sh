@@ -9,4 +9,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MESHWIRE_FLOOD_MESSAGES=${1:-1000000} cargo test --release --locked --quiet -p meshwire \
-  --test floods -- --nocapture --test-threads=1 2>&1 | grep -E '^flood |test result'
+  --test floods -- --nocapture --test-threads=1 2>&1 |
+  grep -E 'flood |test result' | sed 's/^.*\(flood \)/\1/'
