@@ -64,6 +64,14 @@ pub const CHUNK_BYTES: usize = 64 * 1024;
 /// The header that switches a read to local-only when its value is `local`.
 pub const READ_MODE_HEADER: &str = "x-meshwire-read";
 
+/// Why [`BodyBudget::read`] read no body.
+enum BodyRefused {
+    /// Longer than the route's limit (`len`: the declared length, or the limit + 1).
+    TooLarge { len: usize },
+    /// The answer already made: `503 busy` (budget) or `408 body_timeout`.
+    Answer(Response),
+}
+
 /// Bytes of request bodies that may be held at once, in KiB permits.
 #[derive(Debug, Clone)]
 struct BodyBudget {
@@ -83,6 +91,35 @@ impl BodyBudget {
             self.metrics.refuse("body_budget");
         }
         reserved
+    }
+
+    /// Reads a request body of at most `max` bytes: a declared `Content-Length` over `max` is
+    /// refused before anything is read; the body's bytes are reserved (until the returned permit
+    /// drops) before it is read; a body without a `Content-Length` is read up to `max`, and past
+    /// it refused.
+    async fn read(
+        &self,
+        headers: &HeaderMap,
+        body: Body,
+        max: usize,
+    ) -> Result<(Bytes, OwnedSemaphorePermit), BodyRefused> {
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if let Some(len) = declared.filter(|len| *len > max) {
+            return Err(BodyRefused::TooLarge { len });
+        }
+        let reserved = self
+            .reserve(declared.unwrap_or(max))
+            .ok_or_else(|| BodyRefused::Answer(self.busy()))?;
+        match axum::body::to_bytes(body, max).await {
+            Ok(content) => Ok((content, reserved)),
+            Err(failure) if limits::body_timeout(&failure).is_some() => {
+                Err(BodyRefused::Answer(body_failure(&failure, max)))
+            }
+            Err(_) => Err(BodyRefused::TooLarge { len: max + 1 }),
+        }
     }
 
     /// The `503 busy` of a body that did not fit.
@@ -189,21 +226,13 @@ async fn put_object(
 ) -> Result<Response, ObjectServiceError> {
     crate::proto::object::validate_key(&key).map_err(ObjectServiceError::InvalidKey)?;
     let max = service.config().max_object_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if let Some(len) = declared.filter(|len| *len > max) {
-        return Err(ObjectServiceError::TooLarge { len, max });
-    }
-    // The body's bytes are reserved before it is read, and held until the write is done.
-    let Some(_reserved) = budget.reserve(declared.unwrap_or(max)) else {
-        return Ok(budget.busy());
-    };
-    // Without a Content-Length the body is read up to the limit; past it, the request is refused.
-    let content = match axum::body::to_bytes(body, max).await {
-        Ok(content) => content,
-        Err(failure) => return Ok(body_failure(&failure, max)),
+    // The body's bytes stay reserved until the write is done.
+    let (content, _reserved) = match budget.read(&headers, body, max).await {
+        Ok(read) => read,
+        Err(BodyRefused::TooLarge { len }) => {
+            return Err(ObjectServiceError::TooLarge { len, max })
+        }
+        Err(BodyRefused::Answer(response)) => return Ok(response),
     };
     let precondition = parse_precondition(
         headers.get(header::IF_MATCH).map(HeaderValue::as_bytes),

@@ -14,7 +14,7 @@
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -22,7 +22,7 @@ use meshwire::pipeline::PipelineError;
 use serde_json::json;
 
 use super::errors::error;
-use super::{body_failure, BodyBudget};
+use super::{BodyBudget, BodyRefused};
 use crate::net::ring::{Ring, RingError};
 
 /// The pipeline routes over `ring`.
@@ -85,28 +85,10 @@ async fn submit(
         return Err(RingError::Pipeline(PipelineError::NotFirst));
     }
     let max = ring.config().max_batch_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if let Some(bytes) = declared.filter(|bytes| *bytes > max) {
-        return Err(RingError::TooLarge { bytes, max });
-    }
-    let Some(_reserved) = budget.reserve(declared.unwrap_or(max)) else {
-        return Ok(budget.busy());
-    };
-    let data = match axum::body::to_bytes(body, max).await {
-        Ok(data) => data,
-        Err(failure) if super::limits::body_timeout(&failure).is_some() => {
-            return Ok(body_failure(&failure, max));
-        }
-        // Over the limit without a Content-Length.
-        Err(_) => {
-            return Err(RingError::TooLarge {
-                bytes: max + 1,
-                max,
-            })
-        }
+    let (data, _reserved) = match budget.read(&headers, body, max).await {
+        Ok(read) => read,
+        Err(BodyRefused::TooLarge { len }) => return Err(RingError::TooLarge { bytes: len, max }),
+        Err(BodyRefused::Answer(response)) => return Ok(response),
     };
     let run = ring.run(data).await?;
     Ok(Json(json!({

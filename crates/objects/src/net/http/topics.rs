@@ -40,7 +40,7 @@ use serde_json::json;
 
 use super::errors::{error, KeyPath};
 use super::serve::ConnectionCut;
-use super::{body_failure, hex, BodyBudget};
+use super::{hex, BodyBudget, BodyRefused};
 use crate::net::topics::{SubscriptionItem, TopicEvent, Topics, TopicsError};
 
 /// How often an idle event stream sends a comment line.
@@ -137,24 +137,12 @@ async fn publish(
     body: Body,
 ) -> Result<Response, TopicsError> {
     let topic = topics.topic(&name)?;
-    let max = topic.policy.max_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if let Some(len) = declared {
-        topics.check_size(topic, len)?;
-    }
-    let Some(_reserved) = budget.reserve(declared.unwrap_or(max)) else {
-        return Ok(budget.busy());
-    };
-    let content = match axum::body::to_bytes(body, max).await {
-        Ok(content) => content,
-        Err(failure) if super::limits::body_timeout(&failure).is_some() => {
-            return Ok(body_failure(&failure, max));
+    let (content, _reserved) = match budget.read(&headers, body, topic.policy.max_bytes).await {
+        Ok(read) => read,
+        Err(BodyRefused::TooLarge { len }) => {
+            return Err(topics.check_size(topic, len).unwrap_err())
         }
-        // Over the limit without a Content-Length.
-        Err(_) => return Err(topics.check_size(topic, max + 1).unwrap_err()),
+        Err(BodyRefused::Answer(response)) => return Ok(response),
     };
     let bytes = content.len();
     let published = topics.publish(&name, content)?;
