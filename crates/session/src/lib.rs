@@ -30,21 +30,28 @@
 //!   without window, timed-out packets still counted in their connection's window until
 //!   acknowledged, receiver ACKs batched per connection every 50 ms, and a 1 s pause after a send
 //!   error.
-//! * [`Policy::Meshwire`](proto::Policy::Meshwire) — per-path delivery rate (ACK arrivals over the last 16 ACKs, windowed
-//!   maximum over 2 s) and minimum RTT; window = 1.25 × rate × min RTT (one bandwidth-delay
+//! * [`Policy::Meshwire`](proto::Policy::Meshwire) — per-path delivery rate (the receiver's echoes of the path's packets
+//!   over the last 32 echoes, divided by the larger of the span they arrived in and the span the
+//!   echoed packets were sent in; windowed maximum over 2 s) and minimum RTT; window = 1.25 × rate × min RTT (one bandwidth-delay
 //!   product in flight, a quarter of headroom); until an RTT sample shows a queue (1.25 × the
 //!   minimum) or a loss, the window also grows by one per packet acknowledged from a first burst
 //!   of 128 (startup), and before its own RTT is measured a path uses the shortest delay from
 //!   sending to any ACK covering its packets (often a faster path's). Segments go to the path
 //!   with the earliest expected arrival (a departure clock advanced by 1/rate per packet, or set
 //!   by [`Sender::block_path_until`](proto::Sender::block_path_until) when the transport says when the path frees up, plus half
-//!   the min RTT); near the end of the
-//!   data a slow path is left idle when the others would deliver the rest sooner. Loss is detected
+//!   the min RTT; a path without an RTT sample counts as at least half the time its first packet
+//!   has gone unechoed); a path takes a new segment only if that arrives by the water level of the
+//!   unsent segments over the measured paths (the smallest `T` with Σ rateᵢ · max(0, T − arrivalᵢ)
+//!   ≥ unsent), so near the end of the data a slow path is left idle. Loss is detected
 //!   from ACKs (3 later packets on the same path acknowledged, or 9/8 RTT older than an
 //!   acknowledged one) and retransmitted where it is expected first, each path's loss estimate
 //!   (ACK evidence, a moving average over about 64 packets) counting against it; once no new data is
 //!   left, idle paths carry copies of the unacknowledged segments most likely lost (tail copies, at
-//!   most 3 transmissions of a segment in flight); RTO per RFC 6298 with a
+//!   most 3 transmissions of a segment in flight); while the receive window holds new data back,
+//!   and once the finished stream is all sent, an idle path carries a copy of one of the 64
+//!   oldest unacknowledged segments whose copies in flight arrive later than it would (late
+//!   copies, MPTCP's opportunistic retransmission; a path with no RTT sample yet counts as late);
+//!   RTO per RFC 6298 with a
 //!   configurable floor. A path whose RTO fires is failed: its packets are retransmitted
 //!   elsewhere and it carries only probes (at most every `max_probe_interval`) until one is
 //!   answered, then it is re-admitted with its rate estimate.
@@ -63,8 +70,9 @@
 //! - `classic` and `nkp24` reproduce NCP including its own loss recovery (5 s initial RTO moved by
 //!   `tanh` per ACK, timeout-only loss checked every 50 ms, session-wide resend queue, 50 ms ACK
 //!   batches, 1 s pause after a send error).
-//! - `meshwire`: delivery rate from ACK spacing (windowed max), window 1.25 × rate × min RTT (a first
-//!   burst of 128 packets before any estimate), earliest-expected-arrival scheduling with a tail rule,
+//! - `meshwire`: delivery rate from echo spacing bounded by send spacing (windowed max), window 1.25 × rate × min RTT (a first
+//!   burst of 128 packets before any estimate), earliest-expected-arrival scheduling with a water-level tail rule, late copies of the
+//!   segments holding the window or the end back,
 //!   ACK-driven loss detection and retransmission preferably on another path, RFC 6298 RTO with a
 //!   200 ms floor, failed paths probed and re-admitted. Each path keeps a loss estimate (moving
 //!   average over about 64 packets, ACK evidence only: refused sends, RTOs and removed paths do not
@@ -138,9 +146,10 @@
 //!   sample (ACKs over their arrival span only) reads about 16,000 packets/s on a 1024 packets/s
 //!   path; the 2 s max filter keeps a ~1,980-packet window, the session fills quinn's 1 MiB datagram
 //!   buffer and each refusal becomes a loss and a resend, retried every millisecond. Over seeds 1–8
-//!   the storm happens in 7 of 8 with the tag and without it; BBR never enters it. Causes to fix: a
-//!   rate sample should divide by the larger of the ACK span and the send span (as BBR does), and a
-//!   `BufferFull` refusal should block the path rather than count as a loss.
+//!   the storm happens in 7 of 8 with the tag and without it; BBR never enters it. The rate sample
+//!   now comes from the path's own echoes over 32 of them and divides by the larger of their
+//!   arrival span and the send span (as BBR does). Still to fix: a `BufferFull` refusal should
+//!   block the path rather than count as a loss.
 //!
 //! ## The `Session` API and relays (module `net`)
 //!

@@ -59,6 +59,8 @@ struct Outcome {
     samples: Vec<(Duration, Vec<u32>)>,
     retransmissions: u64,
     tail_copies: u64,
+    late_copies: u64,
+    packets_sent: u64,
     timeouts: u64,
 }
 
@@ -320,6 +322,8 @@ pub fn run(
             let mut outcome = outcome.borrow_mut();
             outcome.retransmissions = stats.retransmissions;
             outcome.tail_copies = stats.tail_copies;
+            outcome.late_copies = stats.late_copies;
+            outcome.packets_sent = stats.packets_sent;
             outcome.timeouts = stats.timeouts;
             Ok(())
         });
@@ -359,6 +363,14 @@ pub fn run(
     metrics.insert("ideal_mb_per_s".into(), round_metric(ideal));
     metrics.insert("retransmissions".into(), outcome.retransmissions as f64);
     metrics.insert("tail_copies".into(), outcome.tail_copies as f64);
+    metrics.insert("late_copies".into(), outcome.late_copies as f64);
+    // Copies sent while another copy of the same segment was in flight, as a share of every
+    // data packet sent (retransmissions of lost packets are not redundant).
+    let copies = (outcome.tail_copies + outcome.late_copies) as f64;
+    metrics.insert(
+        "redundant_share".into(),
+        copies / (outcome.packets_sent.max(1) as f64),
+    );
     metrics.insert("timeouts".into(), outcome.timeouts as f64);
     if workload == "transfer" {
         let floor = ideal_transfer_s(

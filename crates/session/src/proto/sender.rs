@@ -64,6 +64,10 @@ pub struct SenderStats {
     pub path_readmissions: u64,
     /// meshwire: copies of in-flight segments sent on idle paths once no new data was left.
     pub tail_copies: u64,
+    /// meshwire: copies of the oldest unacknowledged segments, sent while the receive window
+    /// held new data back or once none was left, on a path where they arrive sooner than the
+    /// copies in flight.
+    pub late_copies: u64,
 }
 
 #[derive(Debug)]
@@ -217,6 +221,11 @@ impl Core {
     /// Written bytes (or the end of the stream) not yet cut into segments.
     pub(super) fn has_new_data(&self) -> bool {
         self.pending_bytes > 0 || (self.finishing && !self.fin_queued)
+    }
+
+    /// The writer finished the stream: whatever is unsent now is all there will be.
+    pub(super) fn is_finishing(&self) -> bool {
+        self.finishing
     }
 
     /// Segments the written and not yet segmented bytes make (at least one).

@@ -17,10 +17,12 @@ const WINDOW_GAIN: f64 = 1.25;
 const STARTUP_EXIT_RTT: f64 = 1.25;
 /// Smallest window, in packets.
 const MIN_WINDOW_PACKETS: f64 = 4.0;
-/// ACK arrivals over which one delivery-rate sample is taken.
-const RATE_SPAN_ACKS: usize = 16;
-/// Fewest ACK intervals that make a rate sample.
-const RATE_MIN_ACKS: usize = 8;
+/// Echoes over which one delivery-rate sample is taken. Over QUIC the receiver's echoes can
+/// come back coalesced in one packet, so a span of a few echoes overstates the rate; 32 spread
+/// such a bunch out while the first burst (128 packets) still gives samples.
+const RATE_SPAN_ACKS: usize = 32;
+/// Fewest echo intervals that make a rate sample.
+const RATE_MIN_ACKS: usize = 16;
 /// How long a delivery-rate sample counts in the windowed maximum.
 const RATE_WINDOW: Duration = Duration::from_secs(2);
 /// Weight of one packet's fate in a path's loss estimate (an average over about 64 packets).
@@ -30,6 +32,9 @@ const LOSS_EWMA_WEIGHT: f64 = 1.0 / 64.0;
 const MIN_COPY_RISK: f64 = 0.001;
 /// Most transmissions of one segment in flight at once (the original and two copies).
 const MAX_COPIES: usize = 3;
+/// Oldest unacknowledged segments looked at for a copy while the receive window holds new data
+/// back.
+const WINDOW_COPY_SCAN: usize = 64;
 
 /// What meshwire learns about one path.
 #[derive(Debug)]
@@ -43,13 +48,19 @@ struct Estimate {
     /// Still growing the window by one packet per packet acknowledged (doubling per round trip)
     /// on top of rate x min RTT, until an RTT sample shows a queue or a loss.
     startup: bool,
-    ack_history: VecDeque<(Instant, u64)>,
+    /// The latest echoes of this path's packets: when the echo came, echoes counted by then,
+    /// and when the echoed packet was sent.
+    echo_history: VecDeque<(Instant, u64, Instant)>,
+    /// Echoes of this path's packets that came back on it.
+    echoes: u64,
     /// Windowed maximum of delivery-rate samples, decreasing from front to back.
     rate_filter: VecDeque<(Instant, f64)>,
     /// When the last packet put on the path should finish crossing its bottleneck.
     departure_clock: Option<Instant>,
     /// Moving average of packet fates on this path (1 lost, 0 acknowledged).
     loss_rate: f64,
+    /// When the first packet went on this path while it had no RTT sample.
+    first_unmeasured_send: Option<Instant>,
 }
 
 impl Estimate {
@@ -58,15 +69,29 @@ impl Estimate {
             window_packets,
             min_ack_delay: None,
             startup: true,
-            ack_history: VecDeque::new(),
+            echo_history: VecDeque::new(),
+            echoes: 0,
             rate_filter: VecDeque::new(),
             departure_clock: None,
             loss_rate: 0.0,
+            first_unmeasured_send: None,
         }
     }
 
     fn rate(&self) -> Option<f64> {
         self.rate_filter.front().map(|&(_, rate)| rate)
+    }
+
+    /// The path's one-way delay: half its RTT, and until the RTT is measured, at least half the
+    /// time its first packet has gone without an echo (a path silent that long is that slow).
+    fn one_way(&self, path: &Path, now: Instant) -> Duration {
+        let measured = path.one_way();
+        match self.first_unmeasured_send {
+            Some(first) if path.rtt.min().is_none() => {
+                measured.max(now.saturating_duration_since(first) / 2)
+            }
+            _ => measured,
+        }
     }
 
     /// When a packet put on `path` now should arrive, by the rate and departure clock.
@@ -76,7 +101,7 @@ impl Estimate {
         let service = self
             .rate()
             .map_or(Duration::ZERO, |rate| Duration::from_secs_f64(1.0 / rate));
-        start + service + path.one_way()
+        start + service + self.one_way(path, now)
     }
 
     /// The window: 1.25 × rate × min RTT (at least the startup window while in startup), within
@@ -96,20 +121,33 @@ impl Estimate {
         }
     }
 
-    fn record_rate_sample(&mut self, delivered: u64, now: Instant) {
-        self.ack_history.push_back((now, delivered));
-        while self.ack_history.len() > RATE_SPAN_ACKS + 1 {
-            self.ack_history.pop_front();
+    /// Counts an echo of a packet sent on this path at `sent` that came back on it at `now`,
+    /// and takes one delivery-rate sample over the last [`RATE_SPAN_ACKS`] echoes: the packets
+    /// they echo over the longer of the time the echoes took to arrive and the time the packets
+    /// took to send (the send interval bounds the sample by the rate the packets went out at,
+    /// as in BBR's delivery-rate estimation, draft-cheng-iccrg-delivery-rate-estimation).
+    /// The receiver echoes every arrival at once on its own path, so echoes come back spaced as
+    /// the path delivered the packets. ACK ranges are no measure of that: a path's packets are
+    /// also acknowledged through other paths' ACKs, in bursts that come when those paths'
+    /// packets arrive.
+    fn record_echo(&mut self, sent: Instant, now: Instant) {
+        self.echoes += 1;
+        self.echo_history.push_back((now, self.echoes, sent));
+        while self.echo_history.len() > RATE_SPAN_ACKS + 1 {
+            self.echo_history.pop_front();
         }
-        if self.ack_history.len() <= RATE_MIN_ACKS {
+        if self.echo_history.len() <= RATE_MIN_ACKS {
             return;
         }
-        let (then, delivered_then) = self.ack_history[0];
-        let elapsed = now.saturating_duration_since(then).as_secs_f64();
+        let (then, echoes_then, sent_then) = self.echo_history[0];
+        let elapsed = now
+            .saturating_duration_since(then)
+            .max(sent.saturating_duration_since(sent_then))
+            .as_secs_f64();
         if elapsed <= 0.0 {
             return;
         }
-        let sample = (delivered - delivered_then) as f64 / elapsed;
+        let sample = (self.echoes - echoes_then) as f64 / elapsed;
         while self
             .rate_filter
             .back()
@@ -126,6 +164,27 @@ impl Estimate {
             self.rate_filter.pop_front();
         }
     }
+}
+
+/// The time, from now, by which paths given as `(first arrival, packets/s)` deliver `packets`
+/// between them, each from its first arrival at its rate; `None` without a path with a rate.
+fn water_level(paths: &mut [(f64, f64)], packets: f64) -> Option<f64> {
+    paths.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (mut rate, mut weighted) = (0.0, 0.0);
+    let mut level = None;
+    for (index, &(arrival, path_rate)) in paths.iter().enumerate() {
+        if path_rate <= 0.0 {
+            continue;
+        }
+        rate += path_rate;
+        weighted += path_rate * arrival;
+        let finish = (packets + weighted) / rate;
+        level = Some(finish);
+        if paths.get(index + 1).is_none_or(|&(next, _)| next >= finish) {
+            break;
+        }
+    }
+    level
 }
 
 /// meshwire's window policy.
@@ -185,7 +244,14 @@ impl Meshwire {
         now: Instant,
     ) -> Option<Transmit> {
         let transmit = core.send_segment(id, seq, now)?;
+        let unmeasured = core
+            .paths
+            .get(&id)
+            .is_some_and(|path| path.rtt.min().is_none());
         if let Some(estimate) = self.estimates.get_mut(&id) {
+            if unmeasured && estimate.first_unmeasured_send.is_none() {
+                estimate.first_unmeasured_send = Some(now);
+            }
             if let Some(rate) = estimate.rate() {
                 let start = estimate.departure_clock.map_or(now, |clock| clock.max(now));
                 estimate.departure_clock = Some(start + Duration::from_secs_f64(1.0 / rate));
@@ -219,8 +285,13 @@ impl Meshwire {
         candidates
     }
 
-    /// The tail rule: put a new segment on `id` only if it arrives no later than the other paths
-    /// would deliver everything still unsent without it.
+    /// The tail rule: put a new segment on `id` only if it arrives no later than the unsent
+    /// segments would all be delivered without it. That finish time is the latency-aware
+    /// water level over the measured paths: the smallest `T` with
+    /// `sum of rate_i x max(0, T - arrival_i) >= remaining`, where `arrival_i` is when a packet
+    /// put on path `i` now arrives. A measured `id` counts among the paths (so every path takes
+    /// the same decision about the same level, and the paths that reach it share the tail); an
+    /// unmeasured one is compared with the measured others.
     fn worth_using(
         &self,
         core: &Core,
@@ -229,27 +300,26 @@ impl Meshwire {
         remaining: f64,
         now: Instant,
     ) -> bool {
-        let others: Vec<(&Path, &Estimate)> = core
+        let own_rate = self.estimates.get(&id).and_then(Estimate::rate);
+        let mut fill: Vec<(f64, f64)> = core
             .paths
             .iter()
             .filter(|&(&other, path)| other != id && path.state == PathState::Active)
-            .filter_map(|(other, path)| Some((path, self.estimates.get(other)?)))
+            .filter_map(|(other, path)| {
+                let estimate = self.estimates.get(other)?;
+                let rate = estimate.rate()?;
+                let at = estimate.expected_arrival(path, now);
+                Some((at.saturating_duration_since(now).as_secs_f64(), rate))
+            })
             .collect();
-        let rate: f64 = others
-            .iter()
-            .filter_map(|(_, estimate)| estimate.rate())
-            .sum();
-        if rate <= 0.0 {
-            return true;
+        let own_arrival = arrival.saturating_duration_since(now).as_secs_f64();
+        if let Some(rate) = own_rate {
+            fill.push((own_arrival, rate));
         }
-        let finish = others
-            .iter()
-            .filter(|(_, estimate)| estimate.rate().is_some())
-            .map(|(path, estimate)| estimate.expected_arrival(path, now))
-            .min()
-            .unwrap_or(now)
-            + Duration::from_secs_f64(remaining / rate);
-        arrival <= finish
+        match water_level(&mut fill, remaining) {
+            Some(level) => own_arrival <= level,
+            None => true,
+        }
     }
 
     /// With nothing new left to send, an idle path carries a copy of the unacknowledged segment
@@ -295,6 +365,59 @@ impl Meshwire {
             }
         }
         None
+    }
+
+    /// While the receive window holds new data back, or once the stream is finished and sent, the oldest
+    /// unacknowledged segments hold the transfer up: a segment whose copies in flight arrive
+    /// later than a copy put on an idle path now is copied there (MPTCP's opportunistic
+    /// retransmission, Raiciu et al., NSDI 2012). A slow path's packets otherwise keep the
+    /// window shut, or the transfer unfinished, for their whole crossing while faster paths
+    /// idle; the copy costs only capacity that would sit idle.
+    fn poll_late_copy(
+        &mut self,
+        core: &mut Core,
+        now: Instant,
+        candidates: &[(PathId, Instant)],
+    ) -> Option<Transmit> {
+        for &(id, arrival) in candidates {
+            let late = core
+                .segments
+                .iter()
+                .take(WINDOW_COPY_SCAN)
+                .find(|(_, segment)| {
+                    !segment.in_flight.is_empty()
+                        && segment.in_flight.len() < MAX_COPIES
+                        && segment.in_flight.iter().all(|pn| {
+                            core.in_flight.get(pn).is_some_and(|info| {
+                                info.path != id
+                                    && self
+                                        .copy_arrival(core, info.path, info.sent_at, now)
+                                        .is_none_or(|at| at > arrival)
+                            })
+                        })
+                })
+                .map(|(&seq, _)| seq);
+            if let Some(seq) = late {
+                core.stats.late_copies += 1;
+                return self.send(core, id, Some(seq), now);
+            }
+        }
+        None
+    }
+
+    /// When a packet sent on `path` at `sent_at` should arrive, by the path's one-way delay;
+    /// `None` on a path with no RTT sample yet (its packets may all still be on the way).
+    fn copy_arrival(
+        &self,
+        core: &Core,
+        path: PathId,
+        sent_at: Instant,
+        now: Instant,
+    ) -> Option<Instant> {
+        let state = core.paths.get(&path)?;
+        let estimate = self.estimates.get(&path)?;
+        state.rtt.min()?;
+        Some(sent_at + estimate.one_way(state, now))
     }
 
     /// When blocked by the peer's window with nothing in flight, probe so an ACK brings news.
@@ -418,6 +541,7 @@ impl WindowPolicy for Meshwire {
             return;
         }
         state.rtt.update(now.saturating_duration_since(sent_at));
+        estimate.record_echo(sent_at, now);
         if let (Some(latest), Some(min)) = (state.rtt.latest(), state.rtt.min()) {
             if latest.as_secs_f64() > STARTUP_EXIT_RTT * min.as_secs_f64() {
                 estimate.startup = false;
@@ -427,7 +551,7 @@ impl WindowPolicy for Meshwire {
             state.next_probe = None;
             state.state = PathState::Active;
             state.backoff = 0;
-            estimate.ack_history.clear();
+            estimate.echo_history.clear();
             core.stats.path_readmissions += 1;
         }
     }
@@ -449,11 +573,6 @@ impl WindowPolicy for Meshwire {
     }
 
     fn on_acks_end(&mut self, core: &mut Core, progressed: &BTreeSet<PathId>, now: Instant) {
-        for id in progressed {
-            if let (Some(path), Some(estimate)) = (core.paths.get(id), self.estimates.get_mut(id)) {
-                estimate.record_rate_sample(path.delivered, now);
-            }
-        }
         for &id in progressed {
             self.detect_losses(core, id, now);
         }
@@ -515,9 +634,18 @@ impl WindowPolicy for Meshwire {
             }
         }
         if !core.has_new_data() {
+            // Only at the end of the stream: a writer that is merely slow will fill the paths.
+            if core.is_finishing() {
+                if let Some(transmit) = self.poll_late_copy(core, now, &candidates) {
+                    return Some(transmit);
+                }
+            }
             return self.poll_tail_copy(core, now, &candidates);
         }
         if !core.may_send_new() {
+            if let Some(transmit) = self.poll_late_copy(core, now, &candidates) {
+                return Some(transmit);
+            }
             self.arm_window_probe(core, now);
             return None;
         }
@@ -571,12 +699,41 @@ impl WindowPolicy for Meshwire {
                 path.next_probe = Some(now);
             }
             if let Some(estimate) = self.estimates.get_mut(&id) {
-                estimate.ack_history.clear();
+                estimate.echo_history.clear();
                 estimate.departure_clock = None;
             }
         }
         if self.window_probe_at.is_some_and(|at| at <= now) {
             self.window_probe_at = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::water_level;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn the_water_level_leaves_out_paths_that_arrive_after_it() {
+        // 100 packets at 1000/s from 10 ms: done at 110 ms, before a path that starts at 200 ms.
+        let mut paths = [(0.2, 1000.0), (0.01, 1000.0)];
+        assert!(close(water_level(&mut paths, 100.0).unwrap(), 0.11));
+    }
+
+    #[test]
+    fn the_water_level_shares_the_packets_among_the_paths_that_reach_it() {
+        // From 0 and 100 ms at 1000/s each: 300 packets are done at 200 ms (200 + 100).
+        let mut paths = [(0.1, 1000.0), (0.0, 1000.0)];
+        assert!(close(water_level(&mut paths, 300.0).unwrap(), 0.2));
+    }
+
+    #[test]
+    fn no_water_level_without_a_rate() {
+        assert_eq!(water_level(&mut [], 10.0), None);
+        assert_eq!(water_level(&mut [(0.0, 0.0)], 10.0), None);
     }
 }
