@@ -2,7 +2,8 @@
 # Regenerate docs/RESULTS.md and its charts (docs/plots/*.svg): every lab scenario (virtual time,
 # plus the real-time calibration cross-check), every sweep in scenarios/sweeps/ at its file's case
 # count, then the criterion benchmarks with their allocation counts, then the HTTP benchmark
-# (bench/http.sh, needs wrk).
+# (bench/http.sh, needs wrk), the object store (bench/store.sh) and the transport against plain
+# quinn (bench/transport.sh, about 30 s).
 # Cost on a 2-core machine (release build, after the build): scenarios about 12 min (ic-gossip 5),
 # sweeps about 10 min (each file states its own cost), benchmarks about 3 min.
 set -euo pipefail
@@ -93,4 +94,22 @@ else
   printf '\n## Object store (bench/store.sh)\n\nNot run: bench/store.sh failed:\n\n```\n%s\n```\n' "$(tail -5 "$store_log")" >>docs/RESULTS.md
 fi
 rm -f "$store_log"
+# meshwire's bulk transfer beside plain quinn on one loopback connection (bench/transport.sh).
+transport_log=$(mktemp)
+if bash bench/transport.sh >"$transport_log" 2>&1; then
+  {
+    printf '\n## Transport (bench/transport.sh)\n\n'
+    printf '`bash bench/transport.sh`: one connection on 127.0.0.1, 3 alternating rounds of 1 GiB per\n'
+    printf 'side: meshwire batches between two default nodes, and plain quinn as its `perf` tool uses it\n'
+    printf '(default transport config, one unidirectional stream), both from one release build of\n'
+    printf '`crates/meshwire/examples/transport.rs`. Gbit/s timed by the sender until every byte is\n'
+    printf 'acknowledged; CPU is user + system time of the sending and receiving processes per GB moved.\n\n'
+    printf '```\n'
+    sed -n '/^round /,$p' "$transport_log"
+    printf '```\n\nTarget (issue 15): meshwire >= 0.9x plain quinn. Shared 2-core machine: read the medians.\n'
+  } >>docs/RESULTS.md
+else
+  printf '\n## Transport (bench/transport.sh)\n\nNot run: bench/transport.sh failed:\n\n```\n%s\n```\n' "$(tail -5 "$transport_log")" >>docs/RESULTS.md
+fi
+rm -f "$transport_log"
 echo "wrote docs/RESULTS.md" >&2

@@ -7,7 +7,8 @@
 //! * the decoder never panics;
 //! * fed in pieces or whole, the stream decodes to the same result (`decode_all`);
 //! * a batch that decodes whole re-encodes (`encode_all`) to exactly the bytes it came from;
-//! * every accepted chunk is within the limits, and chunks never exceed the declared totals.
+//! * every accepted chunk is within the limits, and chunks never exceed the declared totals;
+//! * `next_record_len` announces exactly the chunk `poll` then returns, never more than a chunk.
 #![no_main]
 
 use bytes::BytesMut;
@@ -39,10 +40,19 @@ fuzz_target!(|data: &[u8]| {
     'feed: for part in stream.chunks(usize::from(*piece) + 1) {
         buffer.extend_from_slice(part);
         loop {
+            let announced = decoder.next_record_len(&buffer);
+            if let Some(len) = announced {
+                assert!(len <= batch::CHUNK_PREFIX_LEN + 256, "announced {len} bytes");
+            }
             match decoder.poll(&mut buffer) {
                 Ok(Some(BatchEvent::Header(h))) => header = Some(h),
                 Ok(Some(BatchEvent::Chunk(chunk))) => {
                     assert!(!chunk.data.is_empty() && chunk.data.len() <= 256);
+                    assert_eq!(
+                        announced,
+                        Some(batch::CHUNK_PREFIX_LEN + chunk.data.len()),
+                        "next_record_len disagrees with the chunk decoded"
+                    );
                     chunks.push(chunk);
                     let h = header.as_ref().expect("chunks follow the header");
                     let bytes: u64 = chunks.iter().map(|c| c.data.len() as u64).sum();

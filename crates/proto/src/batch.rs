@@ -523,6 +523,30 @@ impl BatchDecoder {
         }
     }
 
+    /// The whole length (prefix included) of the chunk record at the front of `buffer`, once its
+    /// prefix has arrived and its length fits both [`BatchLimits::max_chunk_bytes`] and the bytes
+    /// the header still has to come; `None` before, for any other record, and for a chunk
+    /// [`BatchDecoder::poll`] will refuse.
+    ///
+    /// A driver reserves room for the record before reading its data, so the data is copied into
+    /// the buffer once instead of again each time the buffer grows. The length is bounded by what
+    /// the batch may still deliver, so the reservation never exceeds the one chunk a receiver
+    /// buffers anyway.
+    pub fn next_record_len(&self, buffer: &[u8]) -> Option<usize> {
+        let State::Body { header, tally } = &self.state else {
+            return None;
+        };
+        if buffer.len() < CHUNK_PREFIX_LEN || buffer[0] != TAG_CHUNK {
+            return None;
+        }
+        let len = u64::from(u32::from_le_bytes(buffer[5..9].try_into().ok()?));
+        let remaining = header.total_bytes.saturating_sub(tally.bytes);
+        if len > u64::from(self.limits.max_chunk_bytes) || len > remaining {
+            return None;
+        }
+        usize::try_from(len).ok()?.checked_add(CHUNK_PREFIX_LEN)
+    }
+
     /// Called when the stream ended, with the bytes still buffered: an error unless the end
     /// record arrived and nothing followed it.
     pub fn finish(&self, buffered: usize) -> Result<(), BatchError> {
@@ -716,6 +740,58 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn next_record_len_is_a_chunk_the_decoder_will_accept() {
+        let limits = BatchLimits {
+            max_chunk_bytes: 64,
+            ..BatchLimits::default()
+        };
+        let (_, head) = BatchEncoder::new(header(3, 100), limits).unwrap();
+        let mut decoder = BatchDecoder::new(limits);
+        let mut buffer = BytesMut::from(&head[..]);
+        assert_eq!(
+            decoder.next_record_len(&buffer),
+            None,
+            "the header is no chunk"
+        );
+        assert!(matches!(
+            decoder.poll(&mut buffer),
+            Ok(Some(BatchEvent::Header(_)))
+        ));
+        let prefix =
+            |len: u32| [&[TAG_CHUNK][..], &1u32.to_le_bytes(), &len.to_le_bytes()].concat();
+        assert_eq!(
+            decoder.next_record_len(&prefix(40)[..8]),
+            None,
+            "partial prefix"
+        );
+        assert_eq!(
+            decoder.next_record_len(&prefix(40)),
+            Some(CHUNK_PREFIX_LEN + 40)
+        );
+        assert_eq!(
+            decoder.next_record_len(&prefix(65)),
+            None,
+            "above max_chunk_bytes"
+        );
+        buffer.put_slice(&prefix(60));
+        buffer.put_slice(&[0; 60]);
+        assert!(matches!(
+            decoder.poll(&mut buffer),
+            Ok(Some(BatchEvent::Chunk(_)))
+        ));
+        assert_eq!(
+            decoder.next_record_len(&prefix(40)),
+            Some(CHUNK_PREFIX_LEN + 40)
+        );
+        assert_eq!(
+            decoder.next_record_len(&prefix(41)),
+            None,
+            "more than the header still declares"
+        );
+        assert_eq!(decoder.next_record_len(&encode_end(1, 1, 60)), None);
+    }
+
     fn arb_batch() -> impl Strategy<Value = (BatchHeader, Vec<Chunk>)> {
         (
             proptest::collection::vec((0u32..4, 1usize..300), 0..12),
@@ -753,6 +829,42 @@ mod tests {
             let mut events = Vec::new();
             for piece in encoded.chunks(step) {
                 buffer.extend_from_slice(piece);
+                while let Some(event) = decoder.poll(&mut buffer).unwrap() {
+                    events.push(event);
+                }
+            }
+            decoder.finish(buffer.len()).unwrap();
+            let mut expected = vec![BatchEvent::Header(header)];
+            expected.extend(chunks.into_iter().map(BatchEvent::Chunk));
+            expected.push(BatchEvent::End);
+            prop_assert_eq!(events, expected);
+        }
+
+        #[test]
+        fn a_reader_that_reserves_the_next_record_never_moves_a_chunk(
+            (header, chunks) in arb_batch(),
+            step in 1usize..64,
+        ) {
+            let encoded = encode_all(header.clone(), &chunks, BatchLimits::default()).unwrap();
+            let mut decoder = BatchDecoder::new(BatchLimits::default());
+            let mut buffer = BytesMut::new();
+            let mut events = Vec::new();
+            let mut rest = &encoded[..];
+            while !rest.is_empty() {
+                // Room for the record at the front, and a read that stops at its end, as the
+                // node's batch reader does.
+                let mut take = step.min(rest.len());
+                let reserved = decoder.next_record_len(&buffer).map(|len| {
+                    let missing = len - buffer.len();
+                    buffer.reserve(missing);
+                    take = take.min(missing);
+                    buffer.as_ptr()
+                });
+                buffer.extend_from_slice(&rest[..take]);
+                rest = &rest[take..];
+                if let Some(start) = reserved {
+                    prop_assert_eq!(start, buffer.as_ptr(), "the chunk's bytes moved");
+                }
                 while let Some(event) = decoder.poll(&mut buffer).unwrap() {
                     events.push(event);
                 }

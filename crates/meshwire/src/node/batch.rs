@@ -11,7 +11,8 @@
 //! The receiving node reads the header (within `inbound_request_timeout`), then hands an
 //! [`InboundBatch`] to the protocol's batch subscriber, which pulls chunks one by one as they
 //! arrive. Pulling is the backpressure: an application that stops reading stops the stream, and
-//! QUIC flow control slows the sender. At most one chunk plus one 64 KiB read is buffered.
+//! QUIC flow control slows the sender. At most one chunk plus one 64 KiB read is buffered; room
+//! for a chunk is reserved once its prefix has arrived, so each byte is copied into it once.
 //!
 //! Failure is typed on both ends, never a partial batch passed off as whole:
 //! - a sender that drops or fails a [`BatchSender`] before [`BatchSender::finish`] resets the
@@ -347,7 +348,15 @@ impl InboundBatch {
                     Some(BatchEvent::Header(_)) | Some(BatchEvent::End) | None => {}
                 }
             }
-            match self.recv.read_chunk(READ_STEP, true).await? {
+            // Room for the whole chunk at once, and reads that stop at its end: grown as its
+            // bytes arrive, the buffer would move them again at every doubling.
+            let mut read_step = READ_STEP;
+            if let Some(len) = self.decoder.next_record_len(&self.buffer) {
+                let missing = len.saturating_sub(self.buffer.len()).max(1);
+                self.buffer.reserve(missing);
+                read_step = missing;
+            }
+            match self.recv.read_chunk(read_step, true).await? {
                 Some(read) => self.buffer.extend_from_slice(&read.bytes),
                 None => {
                     self.decoder.finish(self.buffer.len())?;
