@@ -75,6 +75,12 @@ fn removing_and_re_adding_paths_mid_transfer_keeps_the_stream_complete() {
         assert_eq!(outcome.received, 1 << 20);
         // The path went away and came back while bytes were still flowing.
         assert!(outcome.transfer_s > 0.6, "{path:?}: {outcome:?}");
+        // The accepting end was told, rather than left to probe the path until it failed.
+        assert_eq!(
+            outcome.receiver.paths_closed_by_peer, 1,
+            "{path:?}: {outcome:?}"
+        );
+        assert_eq!(outcome.receiver.rejected, 0, "{path:?}: {outcome:?}");
     }
 }
 

@@ -14,8 +14,18 @@
 //!
 //! Messages ([`codec`](proto::codec)): `Data` (packet number, segment sequence number, FIN, ≤ MTU payload),
 //! `Ack` (cumulative point, up to 32 selective ranges, the receiver's window end, the echoed packet
-//! number) and `Probe`. Packet numbers are never reused, so every ACK names one transmission and RTT
-//! samples are unambiguous (Karn's problem does not arise).
+//! number), `Probe` and `Close` (the sender removed the path it arrives on). Packet numbers are
+//! never reused, so every ACK names one transmission and RTT samples are unambiguous (Karn's
+//! problem does not arise).
+//!
+//! Path lifecycle: [`Endpoint::close_path`](proto::Endpoint::close_path) removes a path from both
+//! halves and returns a numbered `Close` to send on it; the other end's
+//! [`Endpoint::handle_datagram`](proto::Endpoint::handle_datagram) then forgets the path at once
+//! (its sender stops sending and probing there one one-way delay after the close left) and says
+//! so ([`Handled::PathClosed`](proto::Handled::PathClosed)). A close for a path the end does not
+//! have, or numbered no higher than the highest packet that came on that path (a replay, also
+//! after the path came back), is a typed error that changes nothing. A path added again is a new
+//! path to the policy: measured from its first burst.
 //!
 //! Three window policies share the segmentation, SACK handling and receive window:
 //!
@@ -208,8 +218,8 @@
 //!   session then only sees a slow path. Nodes that carry sessions over lossy or relayed paths should
 //!   run `Congestion::Bbr`. Known gap: with CUBIC a slow second path adds little and can cost
 //!   (quinn's window, not the session's, governs; refusals at the full buffer are resent elsewhere).
-//!   The accepting end keeps probing a path the other end removed until it times out; there is no
-//!   explicit path-close message.
+//!   A close is sent once: if it is lost, the other end probes the path until it fails it by its
+//!   RTO, as it would without closes.
 //!
 //! # Layout
 //!

@@ -5,8 +5,10 @@
 //! [`RouteHeader`] to a local [`Session`], or — for a path this node agreed to relay — forwards it
 //! to the other end. A [`Session`] is `AsyncRead + AsyncWrite`; its paths are added and removed
 //! while it runs ([`Session::add_direct_path`], [`Session::add_relay_path`],
-//! [`Session::remove_path`]). The end that accepts a session learns its paths from the datagrams
-//! that arrive and answers on the path each came from.
+//! [`Session::remove_path`], which sends the other end a close on the path). The end that
+//! accepts a session learns its paths from the datagrams that arrive (never from a close) and
+//! answers on the path each came from; a close from the other end makes it forget the path
+//! ([`SessionStats::paths_closed_by_peer`]).
 //!
 //! The session's own windows govern what is in flight: every datagram the session hands to quinn
 //! is either queued or refused ([`meshwire::DatagramError::BufferFull`]), and a refused one is handed
@@ -27,12 +29,13 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use crate::proto::codec;
 pub use crate::proto::relay::RelayLimits;
 use crate::proto::relay::{RelayError, RelayTable};
 use crate::proto::route::{
     RelayOp, RelayReply, RelayRequest, Route, RouteError, RouteHeader, RELAYED_HEADER_LEN,
 };
-use crate::proto::{Endpoint, PathId, Policy, SessionConfig, SessionError};
+use crate::proto::{Endpoint, Handled, PathId, Policy, SessionConfig, SessionError, Transmit};
 use bytes::Bytes;
 use meshwire_proto::PeerId;
 use rand::rngs::SmallRng;
@@ -155,6 +158,8 @@ pub struct SessionStats {
     pub send_failed: u64,
     /// Datagrams that arrived on a path this end removed.
     pub unknown_path: u64,
+    /// Paths the other end closed (a valid close; refused ones count in `rejected`).
+    pub paths_closed_by_peer: u64,
 }
 
 /// How a path reaches the other end.
@@ -347,6 +352,7 @@ impl HostInner {
         let shared = Arc::new(Mutex::new(Shared {
             endpoint: Endpoint::new(self.settings.session),
             paths: BTreeMap::new(),
+            closes: Vec::new(),
             learns_paths,
             read_waker: None,
             write_wakers: Vec::new(),
@@ -437,6 +443,8 @@ impl HostInner {
 struct Shared {
     endpoint: Endpoint,
     paths: BTreeMap<PathId, Via>,
+    /// Closes of paths this end removed, still to send on the route the path took.
+    closes: Vec<(Transmit, Via)>,
     learns_paths: bool,
     read_waker: Option<Waker>,
     write_wakers: Vec<Waker>,
@@ -564,12 +572,17 @@ impl Session {
         }
     }
 
-    /// Removes a path: what it carried goes again on the others; a relay is told to stop.
+    /// Removes a path: what it carried goes again on the others, the other end is told to stop
+    /// sending and probing on it (a close on the path itself), and a relay is told to stop.
     pub async fn remove_path(&self, path: PathId) -> Result<(), SessionHostError> {
         let via = {
             let mut shared = lock(&self.shared);
-            shared.endpoint.remove_path(path);
-            shared.paths.remove(&path)
+            let close = shared.endpoint.close_path(path);
+            let via = shared.paths.remove(&path);
+            if let (Some(close), Some(via)) = (close, via) {
+                shared.closes.push((close, via));
+            }
+            via
         };
         self.wake.notify_one();
         if let Some(Via::Relay(relay)) = via {
@@ -740,7 +753,8 @@ fn handle_arrival(shared: &mut Shared, arrival: Arrival, now: std::time::Instant
             // The same path id over a different route: the other end re-added it elsewhere.
             shared.paths.insert(arrival.path, arrival.via);
         }
-        None if shared.learns_paths => {
+        // A close never teaches a path: it is for one this end has, or it is refused.
+        None if shared.learns_paths && !codec::is_close(&arrival.packet) => {
             shared.paths.insert(arrival.path, arrival.via);
             shared.endpoint.add_path(arrival.path);
         }
@@ -749,31 +763,43 @@ fn handle_arrival(shared: &mut Shared, arrival: Arrival, now: std::time::Instant
             return;
         }
     }
-    if let Err(error) = shared
+    match shared
         .endpoint
         .handle_datagram(arrival.path, arrival.packet, now)
     {
-        shared.stats.rejected += 1;
-        tracing::debug!(%error, "session packet rejected");
+        Ok(Handled::Packet) => {}
+        Ok(Handled::PathClosed(path)) => {
+            shared.paths.remove(&path);
+            shared.stats.paths_closed_by_peer += 1;
+        }
+        Err(error) => {
+            shared.stats.rejected += 1;
+            tracing::debug!(%error, "session packet rejected");
+        }
     }
 }
 
 /// Sends everything the endpoint has to send; returns whether a datagram was refused.
 fn flush(node: &Node, peer: PeerId, id: u64, shared: &mut Shared, now: std::time::Instant) -> bool {
+    // A close is sent once, best effort: if it is lost, the other end's probes of the path go
+    // unanswered and it fails the path by its RTO, as before closes existed.
+    for (close, via) in std::mem::take(&mut shared.closes) {
+        let (to, header) = route_header(peer, id, close.path, via);
+        match node.send_datagram(
+            to,
+            protocols::SESSION_DATAGRAM,
+            header.encode_with(&close.payload),
+        ) {
+            Ok(()) => shared.stats.datagrams_sent += 1,
+            Err(_) => shared.stats.send_failed += 1,
+        }
+    }
     while let Some(transmit) = shared.endpoint.poll_transmit(now) {
         let Some(&via) = shared.paths.get(&transmit.path) else {
             shared.stats.send_failed += 1;
             continue;
         };
-        let (to, route) = match via {
-            Via::Direct => (peer, Route::Direct),
-            Via::Relay(relay) => (relay, Route::ToRelay { destination: peer }),
-        };
-        let header = RouteHeader {
-            session: id,
-            path: transmit.path.0,
-            route,
-        };
+        let (to, header) = route_header(peer, id, transmit.path, via);
         match node.send_datagram(
             to,
             protocols::SESSION_DATAGRAM,
@@ -796,4 +822,18 @@ fn flush(node: &Node, peer: PeerId, id: u64, shared: &mut Shared, now: std::time
         }
     }
     false
+}
+
+/// Where a datagram of session `id` on `path` goes, and its route header.
+fn route_header(peer: PeerId, id: u64, path: PathId, via: Via) -> (PeerId, RouteHeader) {
+    let (to, route) = match via {
+        Via::Direct => (peer, Route::Direct),
+        Via::Relay(relay) => (relay, Route::ToRelay { destination: peer }),
+    };
+    let header = RouteHeader {
+        session: id,
+        path: path.0,
+        route,
+    };
+    (to, header)
 }

@@ -11,6 +11,7 @@ mod sender;
 mod tests;
 mod window;
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -149,6 +150,19 @@ pub enum SessionError {
     /// A packet of a kind this half does not take (an ACK at a receiver).
     #[error("unexpected packet kind")]
     UnexpectedPacket,
+    /// A path close for a path this end does not have (closed already, or never added).
+    #[error("close for unknown path {0:?}")]
+    CloseUnknownPath(PathId),
+    /// A path close numbered no higher than a packet that came on the path before it: a replay.
+    #[error("replayed close of path {path:?}: packet {packet_number} after {seen}")]
+    ReplayedClose {
+        /// The path.
+        path: PathId,
+        /// The close's packet number.
+        packet_number: u64,
+        /// The highest packet number that came on the path before.
+        seen: u64,
+    },
     /// A policy name that does not exist.
     #[error("unknown policy {0:?} (expected classic, nkp24 or meshwire)")]
     UnknownPolicy(String),
@@ -171,6 +185,18 @@ pub struct Endpoint {
     /// What this end receives.
     pub receiver: Receiver,
     mtu_bytes: usize,
+    /// The highest packet number that came on each path (data, probes, closes), to refuse
+    /// replayed closes.
+    highest_received: BTreeMap<PathId, u64>,
+}
+
+/// What [`Endpoint::handle_datagram`] did with a datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    /// A data segment, an ACK or a probe, taken by its half.
+    Packet,
+    /// The peer closed the path the datagram came on; both halves forgot it.
+    PathClosed(PathId),
 }
 
 impl Endpoint {
@@ -180,20 +206,54 @@ impl Endpoint {
             sender: Sender::new(config),
             receiver: Receiver::new(config),
             mtu_bytes: config.mtu_bytes,
+            highest_received: BTreeMap::new(),
         }
     }
 
-    /// Handles a datagram that arrived on `path`.
+    /// Handles a datagram that arrived on `path`. A close removes the path from both halves (the
+    /// sender stops probing it at once); one for a path this end does not have, or numbered no
+    /// higher than a packet that came on the path before it, is refused and changes nothing.
     pub fn handle_datagram(
         &mut self,
         path: PathId,
         datagram: Bytes,
         now: Instant,
-    ) -> Result<(), SessionError> {
-        match Packet::decode(datagram, self.mtu_bytes)? {
-            Packet::Ack(ack) => self.sender.handle_ack(path, ack, now),
-            other => self.receiver.handle_packet(path, other, now),
+    ) -> Result<Handled, SessionError> {
+        let packet = Packet::decode(datagram, self.mtu_bytes)?;
+        let numbered = match &packet {
+            Packet::Data(data) => Some(data.packet_number),
+            Packet::Probe { packet_number } | Packet::Close { packet_number } => {
+                Some(*packet_number)
+            }
+            Packet::Ack(_) => None,
+        };
+        if let Packet::Close { packet_number } = packet {
+            if !self.sender.has_path(path) {
+                return Err(SessionError::CloseUnknownPath(path));
+            }
+            if let Some(&seen) = self.highest_received.get(&path) {
+                if packet_number <= seen {
+                    return Err(SessionError::ReplayedClose {
+                        path,
+                        packet_number,
+                        seen,
+                    });
+                }
+            }
+            self.remove_path(path);
+            // Kept past the removal: the same close replayed once the path is back is refused.
+            self.highest_received.insert(path, packet_number);
+            return Ok(Handled::PathClosed(path));
         }
+        match packet {
+            Packet::Ack(ack) => self.sender.handle_ack(path, ack, now)?,
+            other => self.receiver.handle_packet(path, other, now)?,
+        }
+        if let Some(number) = numbered {
+            let highest = self.highest_received.entry(path).or_insert(number);
+            *highest = (*highest).max(number);
+        }
+        Ok(Handled::Packet)
     }
 
     /// The next datagram to send: ACKs first, then data.
@@ -225,5 +285,19 @@ impl Endpoint {
     pub fn remove_path(&mut self, path: PathId) {
         self.sender.remove_path(path);
         self.receiver.remove_path(path);
+    }
+
+    /// Removes a path from both halves and returns the close to send on it, which tells the peer
+    /// to stop sending and probing there; `None` if this end did not have the path.
+    pub fn close_path(&mut self, path: PathId) -> Option<Transmit> {
+        if !self.sender.has_path(path) {
+            return None;
+        }
+        let packet_number = self.sender.take_packet_number();
+        self.remove_path(path);
+        Some(Transmit {
+            path,
+            payload: Packet::Close { packet_number }.encode(),
+        })
     }
 }

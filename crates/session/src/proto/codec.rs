@@ -8,6 +8,7 @@
 //! | 2 `Ack`   | flags (1: bit 0 = echo present), range count (1), echo (8), cumulative (8),        |
 //! |           | window end (8), then `count` ranges of start (8) and end (8), end exclusive        |
 //! | 3 `Probe` | packet number (8)                                                                  |
+//! | 4 `Close` | packet number (8): the sender removed the path this arrives on                     |
 //!
 //! A packet number names one transmission (never reused), a sequence number one segment of the
 //! byte stream. An ACK says: every segment below `cumulative` arrived, so did every segment in the
@@ -23,6 +24,10 @@ const TYPE_DATA: u8 = 1;
 const TYPE_ACK: u8 = 2;
 /// Type byte of a path probe.
 const TYPE_PROBE: u8 = 3;
+/// Type byte of a path close.
+const TYPE_CLOSE: u8 = 4;
+/// Bytes of a probe or a path close: the type and a packet number.
+const NUMBERED_LEN: usize = 9;
 /// Bytes before a data segment's payload.
 pub const DATA_HEADER_LEN: usize = 18;
 /// Bytes of an ACK without ranges.
@@ -113,6 +118,11 @@ pub enum Packet {
         /// The probe's number.
         packet_number: u64,
     },
+    /// The sender removed the path this arrives on: stop sending and probing on it.
+    Close {
+        /// A packet number never used before by the sender, so a replayed close is recognised.
+        packet_number: u64,
+    },
 }
 
 impl Packet {
@@ -143,12 +153,8 @@ impl Packet {
                 }
                 out.freeze()
             }
-            Packet::Probe { packet_number } => {
-                let mut out = BytesMut::with_capacity(9);
-                out.put_u8(TYPE_PROBE);
-                out.put_u64_le(*packet_number);
-                out.freeze()
-            }
+            Packet::Probe { packet_number } => numbered(TYPE_PROBE, *packet_number),
+            Packet::Close { packet_number } => numbered(TYPE_CLOSE, *packet_number),
         }
     }
 
@@ -233,19 +239,36 @@ impl Packet {
                     ranges,
                 }))
             }
-            TYPE_PROBE => {
-                if len < 9 {
+            TYPE_PROBE | TYPE_CLOSE => {
+                if len < NUMBERED_LEN {
                     return Err(truncated);
                 }
-                if len > 9 {
-                    return Err(CodecError::TrailingBytes(len - 9));
+                if len > NUMBERED_LEN {
+                    return Err(CodecError::TrailingBytes(len - NUMBERED_LEN));
                 }
-                let packet_number = (&datagram[1..9]).get_u64_le();
-                Ok(Packet::Probe { packet_number })
+                let packet_number = (&datagram[1..NUMBERED_LEN]).get_u64_le();
+                Ok(if kind == TYPE_PROBE {
+                    Packet::Probe { packet_number }
+                } else {
+                    Packet::Close { packet_number }
+                })
             }
             other => Err(CodecError::UnknownType(other)),
         }
     }
+}
+
+/// A probe or a close: the type byte and a packet number.
+fn numbered(kind: u8, packet_number: u64) -> Bytes {
+    let mut out = BytesMut::with_capacity(NUMBERED_LEN);
+    out.put_u8(kind);
+    out.put_u64_le(packet_number);
+    out.freeze()
+}
+
+/// Whether `datagram` is a path close (checked before a path is learned from it).
+pub fn is_close(datagram: &[u8]) -> bool {
+    datagram.first() == Some(&TYPE_CLOSE)
 }
 
 #[cfg(test)]
@@ -348,6 +371,7 @@ mod tests {
                     })
                 }),
             any::<u64>().prop_map(|packet_number| Packet::Probe { packet_number }),
+            any::<u64>().prop_map(|packet_number| Packet::Close { packet_number }),
         ]
     }
 

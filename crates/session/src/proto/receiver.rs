@@ -77,7 +77,7 @@ impl Receiver {
                 Ok(())
             }
             Packet::Data(data) => self.handle_data(path, data, now),
-            Packet::Ack(_) => Err(SessionError::UnexpectedPacket),
+            Packet::Ack(_) | Packet::Close { .. } => Err(SessionError::UnexpectedPacket),
         }
     }
 

@@ -450,6 +450,16 @@ impl Sender {
         }
     }
 
+    /// Whether `path` is one of the sender's paths.
+    pub fn has_path(&self, path: PathId) -> bool {
+        self.core.paths.contains_key(&path)
+    }
+
+    /// A packet number never used before (for a path close).
+    pub(super) fn take_packet_number(&mut self) -> u64 {
+        self.core.take_packet_number()
+    }
+
     /// The transport cannot take another datagram on `path` before `until` (its writer blocks, as
     /// NKN's link emulator's does when its queue is full). Nothing is scheduled on the path until
     /// then, so a packet's send time excludes the wait; [`Sender::poll_timeout`] wakes the driver

@@ -156,3 +156,179 @@ fn clean_paths_send_no_tail_copies() {
     assert_eq!(counters.tail_copies, 0, "{counters:?}");
     assert_eq!(counters.retransmissions, 0, "{counters:?}");
 }
+
+/// Two endpoints joined by paths that deliver at once, for the path lifecycle.
+mod lifecycle {
+    use std::time::{Duration, Instant};
+
+    use bytes::Bytes;
+
+    use super::super::{Endpoint, Handled, PathId, Policy, SessionConfig, SessionError};
+
+    struct Pair {
+        a: Endpoint,
+        b: Endpoint,
+        now: Instant,
+        /// Datagrams each end sent, by path: (from a, path).
+        sent: Vec<(bool, PathId)>,
+        /// Paths that carry nothing (cut both ways).
+        cut: Vec<PathId>,
+    }
+
+    impl Pair {
+        fn new(paths: &[u32]) -> Self {
+            let config = SessionConfig::new(Policy::Meshwire);
+            let (mut a, mut b) = (Endpoint::new(config), Endpoint::new(config));
+            for &path in paths {
+                a.add_path(PathId(path));
+                b.add_path(PathId(path));
+            }
+            Self {
+                a,
+                b,
+                now: Instant::now(),
+                sent: Vec::new(),
+                cut: Vec::new(),
+            }
+        }
+
+        /// Exchanges datagrams until both ends are quiet, then moves time on by `step`.
+        fn step(&mut self, step: Duration) -> Vec<Result<Handled, SessionError>> {
+            let mut results = Vec::new();
+            loop {
+                let mut moved = false;
+                while let Some(transmit) = self.a.poll_transmit(self.now) {
+                    moved = true;
+                    self.sent.push((true, transmit.path));
+                    if !self.cut.contains(&transmit.path) {
+                        results.push(self.b.handle_datagram(
+                            transmit.path,
+                            transmit.payload,
+                            self.now,
+                        ));
+                    }
+                }
+                while let Some(transmit) = self.b.poll_transmit(self.now) {
+                    moved = true;
+                    self.sent.push((false, transmit.path));
+                    if !self.cut.contains(&transmit.path) {
+                        results.push(self.a.handle_datagram(
+                            transmit.path,
+                            transmit.payload,
+                            self.now,
+                        ));
+                    }
+                }
+                if !moved {
+                    break;
+                }
+            }
+            self.now += step;
+            self.a.handle_timeout(self.now);
+            self.b.handle_timeout(self.now);
+            results
+        }
+    }
+
+    #[test]
+    fn a_closed_path_is_forgotten_by_the_peer_and_never_probed_again() {
+        let mut pair = Pair::new(&[0, 1]);
+        pair.b.sender.write(&[7; 64 * 1024]);
+        for _ in 0..10 {
+            pair.step(Duration::from_millis(10));
+        }
+        // a removes path 1 and, from now on, nothing crosses it but the close itself.
+        let close = pair.a.close_path(PathId(1)).expect("a has path 1");
+        assert_eq!(close.path, PathId(1));
+        assert_eq!(pair.a.close_path(PathId(1)), None, "closed once");
+        let handled = pair.b.handle_datagram(close.path, close.payload, pair.now);
+        assert_eq!(handled, Ok(Handled::PathClosed(PathId(1))));
+        assert!(!pair.b.sender.has_path(PathId(1)));
+        pair.cut.push(PathId(1));
+        pair.sent.clear();
+        pair.b.sender.write(&[8; 256 * 1024]);
+        for _ in 0..1000 {
+            pair.step(Duration::from_millis(10));
+        }
+        assert!(
+            pair.sent.iter().all(|&(_, path)| path == PathId(0)),
+            "{:?}",
+            &pair.sent[..5.min(pair.sent.len())]
+        );
+        let mut read = vec![0; 1 << 20];
+        assert_eq!(
+            pair.a.receiver.read(&mut read),
+            320 * 1024,
+            "everything arrived on path 0"
+        );
+    }
+
+    #[test]
+    fn replayed_and_unknown_closes_are_refused_and_change_nothing() {
+        let mut pair = Pair::new(&[0, 1]);
+        let close = pair.a.close_path(PathId(1)).expect("a has path 1");
+        let replay = close.payload.clone();
+        assert_eq!(
+            pair.b.handle_datagram(PathId(1), close.payload, pair.now),
+            Ok(Handled::PathClosed(PathId(1)))
+        );
+        // Again: b no longer has the path.
+        assert_eq!(
+            pair.b.handle_datagram(PathId(1), replay.clone(), pair.now),
+            Err(SessionError::CloseUnknownPath(PathId(1)))
+        );
+        // The path comes back and carries data; the old close replayed then is refused.
+        pair.a.add_path(PathId(1));
+        pair.b.add_path(PathId(1));
+        pair.a.sender.write(&[9; 32 * 1024]);
+        for _ in 0..20 {
+            pair.step(Duration::from_millis(10));
+        }
+        assert!(matches!(
+            pair.b.handle_datagram(PathId(1), replay, pair.now),
+            Err(SessionError::ReplayedClose {
+                path: PathId(1),
+                ..
+            })
+        ));
+        assert!(pair.b.sender.has_path(PathId(1)));
+        // A close that is not a whole packet is a codec error.
+        assert!(matches!(
+            pair.b
+                .handle_datagram(PathId(1), Bytes::from_static(&[4, 1, 2]), pair.now),
+            Err(SessionError::Codec(_))
+        ));
+        assert!(pair.b.sender.has_path(PathId(1)));
+    }
+
+    #[test]
+    fn a_path_closed_and_added_again_is_measured_and_used_again() {
+        let mut pair = Pair::new(&[0, 1]);
+        let close = pair.a.close_path(PathId(1)).expect("a has path 1");
+        pair.b
+            .handle_datagram(close.path, close.payload, pair.now)
+            .expect("closed");
+        pair.a.add_path(PathId(1));
+        pair.b.add_path(PathId(1));
+        pair.a.sender.write(&[5; 512 * 1024]);
+        for _ in 0..200 {
+            pair.step(Duration::from_millis(5));
+        }
+        let used: Vec<PathId> = pair
+            .sent
+            .iter()
+            .filter(|(from_a, _)| *from_a)
+            .map(|&(_, path)| path)
+            .collect();
+        assert!(used.contains(&PathId(1)), "re-admitted path carries data");
+        let stats: Vec<_> = pair.a.sender.paths().collect();
+        assert!(
+            stats
+                .iter()
+                .any(|(id, s)| *id == PathId(1) && s.smoothed_rtt.is_some()),
+            "and is measured again"
+        );
+        let mut read = vec![0; 1 << 20];
+        assert_eq!(pair.b.receiver.read(&mut read), 512 * 1024);
+    }
+}
