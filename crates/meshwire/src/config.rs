@@ -51,9 +51,11 @@ pub struct TransportSettings {
     /// (quinn's) standard of about ten packets, which is safe on any path. `Some` is for links whose
     /// capacity is known and provisioned (a team of servers on dedicated links): set it to the
     /// path's bandwidth-delay product and the first flight, and every later burst smaller than
-    /// it, go out at the path's rate. quinn paces at 1.25 × window / RTT and an application that
-    /// sends in bursts (batches) never grows its window past the burst, so with the standard start
-    /// a 0.5 MB batch on a 1 Gbit/s, 90 ms path is paced over about one RTT instead of 4 ms. On a
+    /// it, go out at the path's rate. quinn paces at 1.25 × window / RTT; under CUBIC an
+    /// application that sends in bursts (batches) never grows its window past the burst, so with
+    /// the standard start a 0.5 MB batch on a 1 Gbit/s, 90 ms path is paced over about one RTT
+    /// instead of 4 ms ([`Congestion::Meshwire`] grows it through bursts, × 4 per burst, and gets
+    /// there after a few batches). On a
     /// path slower than the window assumes, the first flight overflows its queue and the
     /// controller backs off from losses. At least two packets of `initial_mtu`, at most
     /// [`TransportSettings::bdp_bytes`]. See `docs/node.md`.

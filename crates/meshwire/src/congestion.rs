@@ -42,7 +42,10 @@
 //! ordinary slow start doubles; the cap and the first queue or congestion loss still end it.
 //!
 //! Limits: the minimum RTT is the connection's lifetime minimum, so after a route change to a longer
-//! path every loss looks like congestion (CUBIC's behaviour, the safe side). A queue that stands
+//! path every loss looks like congestion (CUBIC's behaviour, the safe side). A sender slower than
+//! about 3 Mbit/s never fills a loss-rate sample, so only a queue in the RTT marks its losses as
+//! congestion. Random loss is not free either: each lost packet is resent a round trip later, so
+//! a batch that loses one takes about a round trip more than its floor. A queue that stands
 //! for longer than the baseline window without draining becomes the baseline; a loss-based flow
 //! beside it keeps draining it (its backoff), which is what the fairness scenario measures.
 
