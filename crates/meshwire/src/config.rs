@@ -8,6 +8,8 @@ use meshwire_proto::backoff::Backoff;
 use meshwire_proto::wire::Limits;
 use meshwire_proto::PeerId;
 
+use crate::congestion::resume::PathEstimate;
+use crate::congestion::PathSlot;
 use crate::identity::Keypair;
 
 /// Which congestion controller QUIC runs.
@@ -107,6 +109,16 @@ impl TransportSettings {
     }
 
     pub(crate) fn to_quinn(&self) -> Result<quinn::TransportConfig, ConfigError> {
+        self.to_quinn_resuming(None)
+    }
+
+    /// The quinn transport of a connection to one peer: under [`Congestion::Meshwire`] its
+    /// controller publishes its path estimate to the peer's slot and starts from `estimate` by
+    /// careful resume ([`crate::congestion::resume`]).
+    pub(crate) fn to_quinn_resuming(
+        &self,
+        resume: Option<(Option<PathEstimate>, PathSlot)>,
+    ) -> Result<quinn::TransportConfig, ConfigError> {
         let bdp = self.bdp_bytes();
         let varint = |value: u64| {
             quinn::VarInt::from_u64(value).map_err(|_| ConfigError::Invalid("window too large"))
@@ -166,9 +178,16 @@ impl TransportSettings {
                 }
                 config.congestion_controller_factory(Arc::new(new_reno))
             }
-            Congestion::Meshwire => config.congestion_controller_factory(Arc::new(
-                crate::congestion::MeshwireConfig::new(self.bandwidth_bits_per_sec, initial_window),
-            )),
+            Congestion::Meshwire => {
+                let mut factory = crate::congestion::MeshwireConfig::new(
+                    self.bandwidth_bits_per_sec,
+                    initial_window,
+                );
+                if let Some((estimate, slot)) = resume {
+                    factory = factory.resuming(estimate, slot);
+                }
+                config.congestion_controller_factory(Arc::new(factory))
+            }
         };
         Ok(config)
     }

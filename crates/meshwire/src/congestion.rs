@@ -41,6 +41,10 @@
 //! grows by [`APP_LIMITED_GROWTH`] times the bytes acknowledged, quadrupling per burst where
 //! ordinary slow start doubles; the cap and the first queue or congestion loss still end it.
 //!
+//! A connection also measures its path (delivery rate, minimum RTT) and publishes it to a
+//! [`PathSlot`] the node keeps per peer; the next connection to that peer starts from it by
+//! careful resume ([`resume`], its `# Design`), unless an initial window is configured.
+//!
 //! Limits: the minimum RTT is the connection's lifetime minimum, so after a route change to a longer
 //! path every loss looks like congestion (CUBIC's behaviour, the safe side). A sender slower than
 //! about 3 Mbit/s never fills a loss-rate sample, so only a queue in the RTT marks its losses as
@@ -50,11 +54,18 @@
 //! beside it keeps draining it (its backoff), which is what the fairness scenario measures.
 
 use std::any::Any;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quinn::congestion::{Controller, ControllerFactory, ControllerMetrics, CubicConfig};
 use quinn_proto::RttEstimator;
+
+pub mod resume;
+
+use resume::{CarefulResume, PathEstimate, PathObserver};
+
+/// Where a connection to one peer publishes what it measured of the path, for the next one.
+pub type PathSlot = Arc<Mutex<Option<PathEstimate>>>;
 
 /// A queue is present when the RTT exceeds the minimum by this fraction of the minimum...
 pub const QUEUE_DELAY_FRACTION: f64 = 0.125;
@@ -189,6 +200,10 @@ impl LossFilter {
 pub struct MeshwireConfig {
     cubic: Arc<CubicConfig>,
     bandwidth_bytes_per_sec: u64,
+    /// Whether the initial window was configured (careful resume never overrides it).
+    initial_window_set: bool,
+    resume_from: Option<PathEstimate>,
+    slot: Option<PathSlot>,
 }
 
 impl MeshwireConfig {
@@ -202,16 +217,50 @@ impl MeshwireConfig {
         Self {
             cubic: Arc::new(cubic),
             bandwidth_bytes_per_sec: bandwidth_bits_per_sec / 8,
+            initial_window_set: initial_window.is_some(),
+            resume_from: None,
+            slot: None,
         }
+    }
+
+    /// Connections built by this factory publish their path estimate to `slot` and, when
+    /// `estimate` is set and no initial window was configured, start from it by careful resume.
+    /// An absurd estimate ([`PathEstimate::check`] against this factory's bandwidth) is not
+    /// used; the node checks and counts it before.
+    pub fn resuming(mut self, estimate: Option<PathEstimate>, slot: PathSlot) -> Self {
+        self.resume_from = estimate
+            .filter(|estimate| estimate.check(self.bandwidth_bytes_per_sec).is_ok())
+            .filter(|_| !self.initial_window_set);
+        self.slot = Some(slot);
+        self
+    }
+
+    /// The bandwidth every window is capped by, in bytes per second.
+    pub fn bandwidth_bytes_per_sec(&self) -> u64 {
+        self.bandwidth_bytes_per_sec
     }
 }
 
 impl ControllerFactory for MeshwireConfig {
     fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
+        let inner = self.cubic.clone().build(now, current_mtu);
+        let resume = self.resume_from.and_then(|estimate| {
+            CarefulResume::new(
+                estimate,
+                self.bandwidth_bytes_per_sec,
+                inner.initial_window(),
+            )
+            .ok()
+        });
         Box::new(Meshwire {
-            inner: self.cubic.clone().build(now, current_mtu),
+            inner,
             filter: LossFilter::default(),
             bandwidth_bytes_per_sec: self.bandwidth_bytes_per_sec,
+            cubic: self.cubic.clone(),
+            mtu: current_mtu,
+            resume,
+            observer: PathObserver::default(),
+            slot: self.slot.clone(),
         })
     }
 }
@@ -221,6 +270,11 @@ pub struct Meshwire {
     inner: Box<dyn Controller>,
     filter: LossFilter,
     bandwidth_bytes_per_sec: u64,
+    cubic: Arc<CubicConfig>,
+    mtu: u16,
+    resume: Option<CarefulResume>,
+    observer: PathObserver,
+    slot: Option<PathSlot>,
 }
 
 impl std::fmt::Debug for Meshwire {
@@ -238,6 +292,13 @@ impl Meshwire {
             .metrics()
             .ssthresh
             .is_some_and(|ssthresh| self.inner.window() < ssthresh)
+    }
+
+    /// Restarts CUBIC at `window` bytes (careful resume's jump or safe retreat).
+    fn restart_at(&mut self, now: Instant, window: u64) {
+        let mut cubic = (*self.cubic).clone();
+        cubic.initial_window(window);
+        self.inner = Arc::new(cubic).build(now, self.mtu);
     }
 
     /// The largest window application-limited slow start may reach: the configured bandwidth
@@ -263,6 +324,18 @@ impl Controller for Meshwire {
         rtt: &RttEstimator,
     ) {
         self.filter.on_rtt(now, rtt.get(), rtt.min());
+        if let Some(estimate) = self.observer.on_ack(now, bytes, rtt.min()) {
+            if let Some(slot) = &self.slot {
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(estimate);
+            }
+        }
+        if let Some(resume) = &mut self.resume {
+            let jump = resume.on_rtt_sample(now, rtt.min());
+            resume.on_ack(now, bytes);
+            if let Some(window) = jump {
+                self.restart_at(now, window);
+            }
+        }
         let keep_starting = app_limited
             && !self.filter.congested()
             && !self.filter.queue_present()
@@ -296,12 +369,18 @@ impl Controller for Meshwire {
         lost_bytes: u64,
     ) {
         if self.filter.on_loss(lost_bytes, is_persistent_congestion) {
+            // A congestion signal before a resumed window is validated: retreat to half of what
+            // the path delivered since the jump, then let CUBIC react as to any congestion.
+            if let Some(window) = self.resume.as_mut().and_then(CarefulResume::on_congestion) {
+                self.restart_at(now, window);
+            }
             self.inner
                 .on_congestion_event(now, sent, is_persistent_congestion, lost_bytes);
         }
     }
 
     fn on_mtu_update(&mut self, new_mtu: u16) {
+        self.mtu = new_mtu;
         self.inner.on_mtu_update(new_mtu);
     }
 
@@ -318,6 +397,11 @@ impl Controller for Meshwire {
             inner: self.inner.clone_box(),
             filter: self.filter.clone(),
             bandwidth_bytes_per_sec: self.bandwidth_bytes_per_sec,
+            cubic: self.cubic.clone(),
+            mtu: self.mtu,
+            resume: self.resume.clone(),
+            observer: self.observer.clone(),
+            slot: self.slot.clone(),
         })
     }
 

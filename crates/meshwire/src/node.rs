@@ -170,6 +170,8 @@ struct Peer {
     configured: bool,
     /// Whether peer-change subscribers were last told this peer is up.
     up: bool,
+    /// What the last connection dialed to this peer measured of the path (careful resume).
+    path: crate::congestion::PathSlot,
 }
 
 struct Inner {
@@ -473,6 +475,7 @@ impl Inner {
                 address: None,
                 configured: false,
                 up: false,
+                path: crate::congestion::PathSlot::default(),
             }
         })
     }
