@@ -330,7 +330,10 @@ impl Controller for Meshwire {
             }
         }
         if let Some(resume) = &mut self.resume {
-            let jump = resume.on_rtt_sample(now, rtt.min());
+            // This packet's own round trip: before quinn's first sample its estimator still
+            // holds the initial guess (333 ms).
+            let sample = now.saturating_duration_since(sent);
+            let jump = resume.on_rtt_sample(now, sample);
             resume.on_ack(now, bytes);
             if let Some(window) = jump {
                 self.restart_at(now, window);

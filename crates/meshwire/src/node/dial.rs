@@ -303,10 +303,7 @@ impl Inner {
         if settings.congestion != Congestion::Meshwire {
             return self.transport.clone();
         }
-        let slot = {
-            let mut peers = lock(&self.peers);
-            self.peer_entry(&mut peers, peer).path.clone()
-        };
+        let slot = self.path_slot(peer);
         let remembered = *lock(&slot);
         let estimate = remembered.filter(|estimate| {
             match estimate.check(settings.bandwidth_bits_per_sec / 8) {
@@ -491,8 +488,7 @@ mod tests {
     }
 
     fn slot(node: &Node, peer: PeerId) -> crate::congestion::PathSlot {
-        let mut peers = lock(&node.inner.peers);
-        node.inner.peer_entry(&mut peers, peer).path.clone()
+        node.inner.path_slot(peer)
     }
 
     /// A dialed connection records what it measured of the path for the next one.
