@@ -60,7 +60,8 @@ pub struct TransportSettings {
     /// there after a few batches). On a
     /// path slower than the window assumes, the first flight overflows its queue and the
     /// controller backs off from losses. At least two packets of `initial_mtu`, at most
-    /// [`TransportSettings::bdp_bytes`]. See `docs/node.md`.
+    /// [`TransportSettings::bdp_bytes`]. `Some` also turns off careful resume
+    /// ([`crate::congestion::resume`]). See `docs/node.md`.
     pub initial_window_bytes: Option<u64>,
     /// Initial (and, when `mtu_discovery` is off, fixed) UDP payload size.
     pub initial_mtu: u16,
