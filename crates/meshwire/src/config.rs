@@ -8,6 +8,8 @@ use meshwire_proto::backoff::Backoff;
 use meshwire_proto::wire::Limits;
 use meshwire_proto::PeerId;
 
+use crate::congestion::resume::PathEstimate;
+use crate::congestion::PathSlot;
 use crate::identity::Keypair;
 
 /// Which congestion controller QUIC runs.
@@ -51,12 +53,15 @@ pub struct TransportSettings {
     /// (quinn's) standard of about ten packets, which is safe on any path. `Some` is for links whose
     /// capacity is known and provisioned (a team of servers on dedicated links): set it to the
     /// path's bandwidth-delay product and the first flight, and every later burst smaller than
-    /// it, go out at the path's rate. quinn paces at 1.25 × window / RTT and an application that
-    /// sends in bursts (batches) never grows its window past the burst, so with the standard start
-    /// a 0.5 MB batch on a 1 Gbit/s, 90 ms path is paced over about one RTT instead of 4 ms. On a
+    /// it, go out at the path's rate. quinn paces at 1.25 × window / RTT; under CUBIC an
+    /// application that sends in bursts (batches) never grows its window past the burst, so with
+    /// the standard start a 0.5 MB batch on a 1 Gbit/s, 90 ms path is paced over about one RTT
+    /// instead of 4 ms ([`Congestion::Meshwire`] grows it through bursts, × 4 per burst, and gets
+    /// there after a few batches). On a
     /// path slower than the window assumes, the first flight overflows its queue and the
     /// controller backs off from losses. At least two packets of `initial_mtu`, at most
-    /// [`TransportSettings::bdp_bytes`]. See `docs/node.md`.
+    /// [`TransportSettings::bdp_bytes`]. `Some` also turns off careful resume
+    /// ([`crate::congestion::resume`]). See `docs/node.md`.
     pub initial_window_bytes: Option<u64>,
     /// Initial (and, when `mtu_discovery` is off, fixed) UDP payload size.
     pub initial_mtu: u16,
@@ -105,6 +110,16 @@ impl TransportSettings {
     }
 
     pub(crate) fn to_quinn(&self) -> Result<quinn::TransportConfig, ConfigError> {
+        self.to_quinn_resuming(None)
+    }
+
+    /// The quinn transport of a connection to one peer: under [`Congestion::Meshwire`] its
+    /// controller publishes its path estimate to the peer's slot and starts from `estimate` by
+    /// careful resume ([`crate::congestion::resume`]).
+    pub(crate) fn to_quinn_resuming(
+        &self,
+        resume: Option<(Option<PathEstimate>, PathSlot)>,
+    ) -> Result<quinn::TransportConfig, ConfigError> {
         let bdp = self.bdp_bytes();
         let varint = |value: u64| {
             quinn::VarInt::from_u64(value).map_err(|_| ConfigError::Invalid("window too large"))
@@ -164,9 +179,16 @@ impl TransportSettings {
                 }
                 config.congestion_controller_factory(Arc::new(new_reno))
             }
-            Congestion::Meshwire => config.congestion_controller_factory(Arc::new(
-                crate::congestion::MeshwireConfig::new(self.bandwidth_bits_per_sec, initial_window),
-            )),
+            Congestion::Meshwire => {
+                let mut factory = crate::congestion::MeshwireConfig::new(
+                    self.bandwidth_bits_per_sec,
+                    initial_window,
+                );
+                if let Some((estimate, slot)) = resume {
+                    factory = factory.resuming(estimate, slot);
+                }
+                config.congestion_controller_factory(Arc::new(factory))
+            }
         };
         Ok(config)
     }

@@ -66,6 +66,7 @@ pub struct Metrics {
     pub(crate) frame_errors: Family<ReasonLabel, Counter>,
     pub(crate) handshakes_refused: Counter,
     pub(crate) reconnects: Counter,
+    pub(crate) path_estimates_ignored: Family<ReasonLabel, Counter>,
     pub(crate) connections: Gauge,
     pub(crate) requests: Family<OutcomeLabel, Counter>,
     pub(crate) request_seconds: Histogram,
@@ -95,6 +96,7 @@ impl Metrics {
             frame_errors: Family::default(),
             handshakes_refused: Counter::default(),
             reconnects: Counter::default(),
+            path_estimates_ignored: Family::default(),
             connections: Gauge::default(),
             requests: Family::default(),
             request_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
@@ -144,6 +146,11 @@ impl Metrics {
             "reconnects",
             "Connections re-established to configured peers",
             metrics.reconnects.clone(),
+        );
+        registry.register(
+            "path_estimates_ignored",
+            "Remembered path estimates not used for careful resume because no real path gives them, by reason",
+            metrics.path_estimates_ignored.clone(),
         );
         registry.register(
             "connections",
@@ -309,6 +316,14 @@ impl Metrics {
     /// Current value of `meshwire_frame_errors_total{reason}`.
     pub fn frame_error_count(&self, reason: &'static str) -> u64 {
         self.frame_errors
+            .get_or_create(&ReasonLabel { reason })
+            .get()
+    }
+
+    /// Current value of `meshwire_path_estimates_ignored_total{reason}` (`zero_rtt`, `zero_rate`,
+    /// `rate_above_cap`).
+    pub fn path_estimates_ignored_count(&self, reason: &'static str) -> u64 {
+        self.path_estimates_ignored
             .get_or_create(&ReasonLabel { reason })
             .get()
     }

@@ -172,6 +172,10 @@ struct Peer {
     up: bool,
 }
 
+/// Peers whose path estimate a node remembers for careful resume; past it, an arbitrary one is
+/// forgotten (a forgotten peer's next connection starts cold).
+const MAX_REMEMBERED_PATHS: usize = 4096;
+
 struct Inner {
     endpoint: quinn::Endpoint,
     local_id: PeerId,
@@ -180,6 +184,9 @@ struct Inner {
     config: NodeConfig,
     allowlist: Option<Arc<HashSet<PeerId>>>,
     peers: Mutex<HashMap<PeerId, Peer>>,
+    /// What the last connection dialed to each peer measured of the path (careful resume),
+    /// kept after the peer's connection and entry are gone; at most [`MAX_REMEMBERED_PATHS`].
+    paths: Mutex<HashMap<PeerId, crate::congestion::PathSlot>>,
     handlers: Registry<Handler>,
     subscribers: Registry<mpsc::Sender<InboundMessage>>,
     events: broadcast::Sender<ConnectionEvent>,
@@ -300,6 +307,7 @@ impl Node {
             transport,
             allowlist,
             peers: Mutex::new(HashMap::new()),
+            paths: Mutex::new(HashMap::new()),
             handlers: Registry::default(),
             subscribers: Registry::default(),
             events,
@@ -475,6 +483,17 @@ impl Inner {
                 up: false,
             }
         })
+    }
+
+    /// The slot holding what connections to `peer` measured of the path.
+    fn path_slot(&self, peer: PeerId) -> crate::congestion::PathSlot {
+        let mut paths = lock(&self.paths);
+        if !paths.contains_key(&peer) && paths.len() >= MAX_REMEMBERED_PATHS {
+            if let Some(evicted) = paths.keys().next().copied() {
+                paths.remove(&evicted);
+            }
+        }
+        paths.entry(peer).or_default().clone()
     }
 
     fn current(&self, peer: PeerId) -> Option<(Connection, Destination)> {

@@ -14,7 +14,9 @@ use super::{
     lock, ConnectionEvent, Current, Direction, Inner, Node, CLOSE_DUPLICATE,
     CLOSE_PROTOCOL_VIOLATION, CLOSE_SHUTDOWN,
 };
+use crate::metrics::ReasonLabel;
 use crate::tls::{self, TlsError};
+use crate::Congestion;
 
 /// Why a dial failed.
 #[derive(Debug, thiserror::Error)]
@@ -248,7 +250,7 @@ impl Inner {
         }
         let (crypto, seen) = tls::client_crypto(&self.tls, peer)?;
         let mut client_config = quinn::ClientConfig::new(crypto);
-        client_config.transport_config(self.transport.clone());
+        client_config.transport_config(self.transport_to(peer));
         let timeout = self.config.dial_timeout;
         let attempt = async {
             let connecting =
@@ -291,6 +293,39 @@ impl Inner {
         };
         self.register(connection, peer, Direction::Outbound);
         Ok(())
+    }
+
+    /// The transport of a connection dialed to `peer`: under meshwire's controller it starts
+    /// from what the last connection to `peer` measured (careful resume) and records what this
+    /// one measures. An estimate no real path gives is counted and not used.
+    fn transport_to(self: &Arc<Self>, peer: PeerId) -> Arc<quinn::TransportConfig> {
+        let settings = &self.config.transport;
+        if settings.congestion != Congestion::Meshwire {
+            return self.transport.clone();
+        }
+        let slot = self.path_slot(peer);
+        let remembered = *lock(&slot);
+        let estimate = remembered.filter(|estimate| {
+            match estimate.check(settings.bandwidth_bits_per_sec / 8) {
+                Ok(()) => true,
+                Err(reason) => {
+                    self.metrics
+                        .path_estimates_ignored
+                        .get_or_create(&ReasonLabel {
+                            reason: reason.label(),
+                        })
+                        .inc();
+                    *lock(&slot) = None;
+                    false
+                }
+            }
+        });
+        // The same settings built the node's transport at start, so this succeeds; were it to
+        // fail, the shared transport (no resume) is the safe choice.
+        settings
+            .to_quinn_resuming(Some((estimate, slot)))
+            .map(Arc::new)
+            .unwrap_or_else(|_| self.transport.clone())
     }
 
     /// Waits until `peer` has a live connection (or is forgotten).
@@ -435,5 +470,79 @@ fn is_refusal(reason: &ConnectionError) -> bool {
             (0x100..0x200).contains(&code)
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::congestion::resume::PathEstimate;
+    use crate::{Keypair, NodeConfig, ProtocolId};
+
+    fn node(seed: u8) -> Node {
+        let mut config = NodeConfig::new(Keypair::from_seed([seed; 32]));
+        config.rng_seed = Some(seed.into());
+        Node::bind(config, "127.0.0.1:0".parse().unwrap()).unwrap()
+    }
+
+    fn slot(node: &Node, peer: PeerId) -> crate::congestion::PathSlot {
+        node.inner.path_slot(peer)
+    }
+
+    /// A dialed connection records what it measured of the path for the next one.
+    #[tokio::test]
+    async fn a_dialed_connection_remembers_its_path() {
+        let (a, b) = (node(1), node(2));
+        let mut inbox = b.subscribe(ProtocolId(3)).unwrap();
+        a.connect(b.local_addr().unwrap(), b.peer_id())
+            .await
+            .unwrap();
+        for _ in 0..20 {
+            a.send(b.peer_id(), ProtocolId(3), vec![7u8; 4000].into())
+                .await
+                .unwrap();
+            inbox.recv().await.unwrap();
+        }
+        let estimate = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(estimate) = *lock(&slot(&a, b.peer_id())) {
+                    return estimate;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap();
+        assert!(!estimate.min_rtt.is_zero());
+        assert!(estimate.delivery_rate_bytes_per_sec > 0);
+    }
+
+    /// A remembered estimate no real path gives is not used, counted by reason, and forgotten.
+    #[tokio::test]
+    async fn an_absurd_estimate_is_ignored_and_counted() {
+        let (a, b) = (node(3), node(4));
+        let cap = a.inner.config.transport.bandwidth_bits_per_sec / 8;
+        let cases = [
+            (Duration::ZERO, 1_000_000, "zero_rtt"),
+            (Duration::from_millis(20), 0, "zero_rate"),
+            (Duration::from_millis(20), cap + 1, "rate_above_cap"),
+        ];
+        for (min_rtt, rate, reason) in cases {
+            let slot = slot(&a, b.peer_id());
+            *lock(&slot) = Some(PathEstimate {
+                delivery_rate_bytes_per_sec: rate,
+                min_rtt,
+            });
+            let before = a.metrics().path_estimates_ignored_count(reason);
+            a.inner.transport_to(b.peer_id());
+            assert_eq!(a.metrics().path_estimates_ignored_count(reason), before + 1);
+            assert_eq!(*lock(&slot), None, "{reason}");
+        }
+        // The dial still works, from a cold start.
+        a.connect(b.local_addr().unwrap(), b.peer_id())
+            .await
+            .unwrap();
     }
 }

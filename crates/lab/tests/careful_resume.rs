@@ -1,0 +1,141 @@
+//! Careful resume on the lab's deterministic network: a connection redialed after the path changed
+//! (RTT doubled, rate quartered) overflows the bottleneck queue no more than a cold start does.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use meshwire::{BatchHeader, Chunk, ProtocolId};
+use meshwire_lab::lab::{clock, Lab, LabEvent};
+use meshwire_lab::link::{LinkSpec, Rate};
+
+const DATA: ProtocolId = ProtocolId(77);
+/// When the path changes: after the first batch, before the redial.
+const PATH_CHANGE: Duration = Duration::from_secs(5);
+
+/// A path `latency_ms` one way at `mbit` Mbit/s, its queue one round trip at that rate.
+fn path(latency_ms: u64, mbit: u64) -> LinkSpec {
+    let latency = Duration::from_millis(latency_ms);
+    LinkSpec {
+        latency,
+        rate: Rate::BitsPerSec(mbit * 1_000_000),
+        queue_bytes: (mbit * 1_000_000 / 8 * 2 * latency_ms / 1000) as usize,
+        ..LinkSpec::default()
+    }
+}
+
+fn batch(id: u64, bytes: usize) -> (BatchHeader, Vec<Chunk>) {
+    let chunks: Vec<Chunk> = (0..bytes / 1000)
+        .map(|_| Chunk {
+            slots: 1,
+            data: Bytes::from(vec![id as u8; 1000]),
+        })
+        .collect();
+    let header = BatchHeader {
+        protocol: DATA.0,
+        batch_id: id,
+        round: 0,
+        phase: 0,
+        slot_count: chunks.len() as u32,
+        total_bytes: bytes as u64,
+        metadata: Bytes::new(),
+    };
+    (header, chunks)
+}
+
+/// Runs `a -> b`: with `warm`, a 4 MB batch on a 20 ms, 100 Mbit/s path first (the estimate) and
+/// the connection closed; then, on the `changed` path, a dial and a 1 MB batch. Returns the
+/// datagrams a's link queue dropped during that batch and whether both batches arrived whole.
+fn second_batch_drops(warm: bool, changed: LinkSpec) -> (u64, bool) {
+    let mut lab = Lab::new(1, path(20, 100), Duration::from_secs(60));
+    lab.at(
+        PATH_CHANGE,
+        LabEvent::SetLink("a".into(), "b".into(), changed),
+    );
+    lab.at(
+        PATH_CHANGE,
+        LabEvent::SetLink("b".into(), "a".into(), changed),
+    );
+    let received = lab.shared_log::<u64>("received");
+    {
+        let received = received.clone();
+        lab.host("b", move |context| {
+            let received = received.clone();
+            async move {
+                let (node, _) = context.start_node(context.node_config()).await?;
+                let mut inbox = node.subscribe_batches(DATA)?;
+                while let Some(batch) = inbox.recv().await {
+                    let id = batch.header().batch_id;
+                    if batch.collect().await.is_ok() {
+                        received.push(id);
+                    }
+                }
+                Ok(())
+            }
+        });
+    }
+    let b = lab.node_address("b").unwrap();
+    let b_id = lab.peer_id("b");
+    let outcome = Rc::new(Cell::new((0u64, false)));
+    {
+        let (outcome, received) = (outcome.clone(), received.clone());
+        lab.client("a", move |context| async move {
+            let (node, stats) = context.start_node(context.node_config()).await?;
+            let arrived = |count: usize| {
+                let received = received.clone();
+                async move {
+                    while received.len() < count {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            };
+            let mut expected = 0;
+            if warm {
+                node.connect(b, b_id).await?;
+                let (header, chunks) = batch(1, 4_000_000);
+                node.send_batch(b_id, header, chunks).await?;
+                expected += 1;
+                arrived(expected).await;
+                node.close_for_violation(b_id, "test_redial");
+                while node.connected_peers().contains(&b_id) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            tokio::time::sleep(PATH_CHANGE.saturating_sub(clock()) + Duration::from_millis(100))
+                .await;
+            node.connect(b, b_id).await?;
+            let before = stats.queue_drops.load(std::sync::atomic::Ordering::Relaxed);
+            let (header, chunks) = batch(2, 1_000_000);
+            node.send_batch(b_id, header, chunks).await?;
+            expected += 1;
+            arrived(expected).await;
+            let drops = stats.queue_drops.load(std::sync::atomic::Ordering::Relaxed) - before;
+            outcome.set((drops, received.len() == expected));
+            Ok(())
+        });
+    }
+    let finished = lab.run(Duration::from_secs(60), |_| {}).unwrap();
+    assert!(finished, "the run did not finish");
+    outcome.get()
+}
+
+/// The path change: the RTT doubled, so the estimate is dropped and the redial starts
+/// as a cold start does.
+#[test]
+fn a_redial_after_the_rtt_doubled_overflows_no_more_than_a_cold_start() {
+    let (cold, cold_whole) = second_batch_drops(false, path(40, 25));
+    let (resumed, resumed_whole) = second_batch_drops(true, path(40, 25));
+    assert!(cold_whole && resumed_whole);
+    assert!(resumed <= cold, "resumed {resumed} drops, cold {cold}");
+}
+
+/// The rate quartered at the same RTT: the estimate is used (half the old rate is twice the new
+/// one), and the first flight fits the new path and its one-BDP queue.
+#[test]
+fn a_redial_after_the_rate_quartered_overflows_no_more_than_a_cold_start() {
+    let (cold, cold_whole) = second_batch_drops(false, path(20, 25));
+    let (resumed, resumed_whole) = second_batch_drops(true, path(20, 25));
+    assert!(cold_whole && resumed_whole);
+    assert!(resumed <= cold, "resumed {resumed} drops, cold {cold}");
+}
