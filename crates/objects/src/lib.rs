@@ -156,9 +156,10 @@
 //! | 500 | `store_error` | the local store failed or holds a corrupt record | |
 //! | 500 | `clock_exhausted` | this node's hybrid clock reached `u64::MAX - 1` and cannot version a write | |
 //!
-//! Only a request hyper cannot parse at all (a malformed request line, raw
-//! non-UTF-8 bytes in the path rather than `%FF`, a head over hyper's buffer)
-//! gets hyper's own empty `400`/`431` before the connection closes.
+//! A request hyper cannot parse at all (a malformed request line, raw non-UTF-8 bytes in the
+//! path rather than `%FF`, more than 100 header lines or a head over hyper's buffer, a URI over
+//! its length) gets `400 bad_request`, `431 headers_too_large` or `414 uri_too_long` in place of
+//! hyper's own empty answer, and the connection closes.
 //!
 //! Connections are HTTP/1.1 keep-alive, under a header read timeout, a body idle timeout and
 //! minimum rate, caps on connections (total and per client address) and concurrent requests

@@ -505,6 +505,86 @@ async fn errors_before_a_handler_are_json_too() {
     daemon.shutdown().await.unwrap();
 }
 
+/// Requests hyper cannot parse at all: answered in JSON instead of hyper's empty 400/431, and
+/// counted; a keep-alive connection's earlier answers are unchanged.
+#[tokio::test]
+async fn requests_hyper_cannot_parse_get_json_too() {
+    let daemon = start(HttpLimits::default(), HttpAuth::default()).await;
+    let address = daemon.http_address().unwrap();
+    let garbage = exchange(address, "\x16\x03\x01 not http at all\r\n\r\n").await;
+    assert_eq!(garbage.status, 400);
+    assert_eq!(garbage.error_code(), "bad_request");
+    let mut raw_path = b"GET /objects/\xff\xfe HTTP/1.1\r\nHost: node\r\n\r\n".to_vec();
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream.write_all(&raw_path).await.unwrap();
+    let answer = read_until_closed(&mut stream).await.expect("an answer");
+    assert_eq!(answer.status, 400);
+    assert_eq!(answer.error_code(), "bad_request");
+    // More header lines than hyper reads (100).
+    let many: String = (0..120).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let too_large = exchange(address, &get("/status", &many)).await;
+    assert_eq!(too_large.status, 431);
+    assert_eq!(too_large.error_code(), "headers_too_large");
+    // A good request, then a bad one on the same connection: the first answer arrives whole.
+    raw_path.splice(
+        0..0,
+        b"GET /status HTTP/1.1\r\nHost: node\r\n\r\n"
+            .iter()
+            .copied(),
+    );
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream.write_all(&raw_path).await.unwrap();
+    let mut raw = Vec::new();
+    let _ = tokio::time::timeout(PATIENCE, stream.read_to_end(&mut raw)).await;
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert!(text.contains("\"peer_id\""), "{text}");
+    assert!(text.contains("HTTP/1.1 400 Bad Request"), "{text}");
+    assert!(text.ends_with("}"), "{text}");
+    assert!(text.contains("\"error\":\"bad_request\""), "{text}");
+    // The 431 is counted under the same reason as the three 400s.
+    assert_eq!(refused(&daemon, "bad_request"), 4);
+    daemon.shutdown().await.unwrap();
+}
+
+/// Content that ends like hyper's empty answer is served unchanged, and the connection goes on.
+#[tokio::test]
+async fn content_that_looks_like_an_answer_is_served_unchanged() {
+    let daemon = start(HttpLimits::default(), HttpAuth::default()).await;
+    let address = daemon.http_address().unwrap();
+    let content = "HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n";
+    let put = format!(
+        "PUT /objects/mimic HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\
+         Content-Length: {}\r\n\r\n{content}",
+        content.len()
+    );
+    assert_eq!(exchange(address, &put).await.status, 201);
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let keep = "GET /objects/mimic HTTP/1.1\r\nHost: node\r\n\r\n";
+    stream.write_all(keep.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !raw.ends_with(content.as_bytes()) {
+        let read = tokio::time::timeout(PATIENCE, stream.read(&mut buffer))
+            .await
+            .expect("the whole first answer")
+            .unwrap();
+        assert!(read > 0, "closed early: {}", String::from_utf8_lossy(&raw));
+        raw.extend_from_slice(&buffer[..read]);
+    }
+    stream
+        .write_all(get("/objects/mimic", "").as_bytes())
+        .await
+        .unwrap();
+    let second = read_until_closed(&mut stream)
+        .await
+        .expect("a second answer");
+    assert_eq!(second.status, 200);
+    assert_eq!(second.body, content.as_bytes());
+    assert_eq!(refused(&daemon, "bad_request"), 0);
+    daemon.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn metrics_speak_prometheus_text_and_openmetrics() {
     let daemon = start(HttpLimits::default(), HttpAuth::default()).await;

@@ -20,9 +20,10 @@
 //! method_not_allowed`, `408 body_timeout`, `409 conflict`, `412 precondition_failed` (with
 //! `current_etag`), `413 too_large` (with `max_bytes`), `503 quorum_not_reached` (with `needed`,
 //! `reached`, `asked`; a write adds `superseded` and `outcome: "unknown"`), `503 busy` (with
-//! `Retry-After`), `503 too_many_subscribers`, `503 shutting_down`, `503 publish_refused`, `409 not_first`, `502 pipeline_failed`, `504 pipeline_timeout`, `502 content_unavailable`, `500 store_error`, `500 clock_exhausted`. Only a request hyper cannot parse at all (a malformed request line, raw
-//! non-UTF-8 bytes in the path rather than `%FF`, headers over its buffer) gets hyper's own empty
-//! `400`/`431` before the connection closes.
+//! `Retry-After`), `503 too_many_subscribers`, `503 shutting_down`, `503 publish_refused`, `409 not_first`, `502 pipeline_failed`, `504 pipeline_timeout`, `502 content_unavailable`, `500 store_error`, `500 clock_exhausted`. A request hyper cannot parse at all (a malformed request line, raw
+//! non-UTF-8 bytes in the path rather than `%FF`, headers over its buffer, a URI over its length)
+//! gets `400 bad_request`, `431 headers_too_large` or `414 uri_too_long`, and the connection
+//! closes (see `parse_errors`).
 //!
 //! Connections are HTTP/1.1 keep-alive, accepted under the caps of [`limits`] and, when required,
 //! the token of [`auth`].
@@ -31,6 +32,7 @@ pub mod auth;
 pub mod dashboard;
 pub mod errors;
 pub mod limits;
+mod parse_errors;
 pub mod ring;
 pub mod serve;
 pub mod topics;

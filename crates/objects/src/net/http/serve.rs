@@ -31,6 +31,7 @@ use tokio::task::JoinSet;
 use tower::ServiceExt;
 
 use super::limits::{HttpLimits, TimedBody};
+use super::parse_errors::ParseErrorIo;
 
 /// Connections over a cap that are answered `503` at once; past it they are closed unanswered.
 pub const OVERFLOW_ANSWERS: usize = 32;
@@ -240,7 +241,8 @@ pub(crate) async fn serve(
                 }
             })
         };
-        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let (io, parse_errors) = ParseErrorIo::new(stream);
+        let connection = graceful.watch(builder.serve_connection(TokioIo::new(io), service));
         let metrics = metrics.clone();
         tasks.spawn(async move {
             let ended = tokio::select! {
@@ -251,14 +253,16 @@ pub(crate) async fn serve(
                     Ok(())
                 }
             };
+            let parse_error = ended.as_ref().is_err_and(hyper::Error::is_parse);
             if let Err(error) = ended {
                 if error.is_timeout() {
                     metrics.refuse("header_timeout");
-                } else if error.is_parse() {
+                } else if parse_error {
                     metrics.refuse("bad_request");
                 }
                 tracing::debug!(%remote, %error, "HTTP connection ended");
             }
+            parse_errors.answer(parse_error).await;
             drop(admission);
         });
     }
