@@ -422,3 +422,8 @@ fn run(seed: u64) {
 fn objects_survive_partitions_crashes_and_loss_seed_1() {
     run(1);
 }
+
+#[test]
+fn objects_survive_partitions_crashes_and_loss_seed_2() {
+    run(2);
+}
