@@ -7,10 +7,11 @@
 //!
 //! Timeline (virtual time, each fault's start jittered by the seed): connect until 2 s; node A
 //! cut off from everyone at ~3 s for 3 s; node B crashed at ~5.5 s, restarted 2 s later; 10% loss
-//! on every link from 9 s to 17 s; a split {C, D} | {A, B, E} from ~12 s to ~16 s; node E crashed
-//! at ~13 s, restarted 2.5 s later; the clients stop starting operations at 20 s. Each replica's
-//! local copies are taken at 37 s (the 5 s write deadline plus at least two anti-entropy rounds
-//! after the last operation, with no reads in between), then every node reads every key at
+//! on every link from 9 s to 17 s; a split {C, D} | {A, B, E} from ~12 s to ~21 s; node E crashed
+//! at ~13 s, restarted 2.5 s later; the clients stop starting operations at 20 s, before the split
+//! heals, so what C and D missed reaches them only by anti-entropy. Each replica's local copies
+//! are taken at 37 s (the 5 s write deadline plus at least two anti-entropy rounds after the
+//! last operation and the heal, with no reads in between), then every node reads every key at
 //! quorum at 38 s.
 //!
 //! The nodes run their store calls inline (`Daemon::builder(..).inline_store(true)`), so a seed
@@ -182,64 +183,74 @@ fn schedule(lab: &mut Lab, seed: u64) -> Vec<String> {
     let mut order: Vec<&str> = NODES.to_vec();
     order.shuffle(&mut rng);
     let mut jitter = |base_ms: u64| Duration::from_millis(base_ms + rng.random_range(0..1000));
+    let seconds = |time: Duration| time.as_secs_f64();
     let mut plan = Vec::new();
-    let mut at = |lab: &mut Lab, time: Duration, event: LabEvent| {
-        plan.push(format!("{:.3}s {event:?}", time.as_secs_f64()));
-        lab.at(time, event);
-    };
     let (cut, cut_at) = (order[0], jitter(3000));
+    let repair_at = cut_at + Duration::from_secs(3);
     for other in NODES.iter().filter(|node| **node != cut) {
-        at(
-            lab,
-            cut_at,
-            LabEvent::Partition(cut.into(), (*other).into()),
-        );
-        at(
-            lab,
-            cut_at + Duration::from_secs(3),
-            LabEvent::Repair(cut.into(), (*other).into()),
-        );
+        lab.at(cut_at, LabEvent::Partition(cut.into(), (*other).into()));
+        lab.at(repair_at, LabEvent::Repair(cut.into(), (*other).into()));
     }
-    let crash_at = jitter(5500);
-    at(lab, crash_at, LabEvent::Crash(order[1].into()));
-    at(
-        lab,
-        crash_at + Duration::from_secs(2),
-        LabEvent::Restart(order[1].into()),
-    );
+    plan.push(format!(
+        "{cut} cut off from {:.3}s to {:.3}s",
+        seconds(cut_at),
+        seconds(repair_at)
+    ));
+    let (crashed, crash_at) = (order[1], jitter(5500));
+    let restart_at = crash_at + Duration::from_secs(2);
+    lab.at(crash_at, LabEvent::Crash(crashed.into()));
+    lab.at(restart_at, LabEvent::Restart(crashed.into()));
+    plan.push(format!(
+        "{crashed} crashed at {:.3}s, restarted at {:.3}s",
+        seconds(crash_at),
+        seconds(restart_at)
+    ));
     let lossy = LinkSpec {
         loss: 0.10,
         ..link()
     };
+    let (loss_from, loss_to) = (Duration::from_secs(9), Duration::from_secs(17));
     for from in NODES {
         for to in NODES.iter().filter(|to| **to != from) {
-            at(
-                lab,
-                Duration::from_secs(9),
+            lab.at(
+                loss_from,
                 LabEvent::SetLink(from.into(), (*to).into(), lossy),
             );
-            at(
-                lab,
-                Duration::from_secs(17),
+            lab.at(
+                loss_to,
                 LabEvent::SetLink(from.into(), (*to).into(), link()),
             );
         }
     }
-    let (split_at, heal_at) = (jitter(12_000), jitter(15_500));
+    plan.push(format!(
+        "10% loss on every link from {:.3}s to {:.3}s",
+        seconds(loss_from),
+        seconds(loss_to)
+    ));
+    // The split heals after the clients stopped: the writes the small side's replicas missed
+    // reach them only by anti-entropy, since no read repairs them before the snapshot.
+    let (split_at, heal_at) = (jitter(12_000), jitter(21_000));
     let small = [order[2], order[3]];
     for a in small {
         for b in NODES.iter().filter(|node| !small.contains(node)) {
-            at(lab, split_at, LabEvent::Partition(a.into(), (*b).into()));
-            at(lab, heal_at, LabEvent::Repair(a.into(), (*b).into()));
+            lab.at(split_at, LabEvent::Partition(a.into(), (*b).into()));
+            lab.at(heal_at, LabEvent::Repair(a.into(), (*b).into()));
         }
     }
-    let crash_at = jitter(13_000);
-    at(lab, crash_at, LabEvent::Crash(order[4].into()));
-    at(
-        lab,
-        crash_at + Duration::from_millis(2500),
-        LabEvent::Restart(order[4].into()),
-    );
+    plan.push(format!(
+        "{small:?} split from the rest from {:.3}s to {:.3}s",
+        seconds(split_at),
+        seconds(heal_at)
+    ));
+    let (crashed, crash_at) = (order[4], jitter(13_000));
+    let restart_at = crash_at + Duration::from_millis(2500);
+    lab.at(crash_at, LabEvent::Crash(crashed.into()));
+    lab.at(restart_at, LabEvent::Restart(crashed.into()));
+    plan.push(format!(
+        "{crashed} crashed at {:.3}s, restarted at {:.3}s",
+        seconds(crash_at),
+        seconds(restart_at)
+    ));
     plan
 }
 
