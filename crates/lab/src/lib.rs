@@ -25,6 +25,7 @@
 //! [`plot`] draws reports as SVG charts (`meshwire lab plot`).
 
 pub mod experiments;
+pub mod history;
 pub mod lab;
 pub mod link;
 pub mod placement;

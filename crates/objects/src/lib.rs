@@ -108,7 +108,8 @@
 //!   SHA-256 and report a damaged object as corrupt. One memory budget (`store_memory_bytes`,
 //!   128 MiB) holds redb's page cache and a cache of hot objects (half each; objects up to a
 //!   quarter of the cache), so many readers of one object share one buffer. Store calls run on
-//!   tokio's blocking pool.
+//!   tokio's blocking pool (or on the calling task with `ServiceOptions::inline_store`, which the
+//!   lab's chaos test sets so that a seed repeats its run exactly).
 //!
 //! ## HTTP API
 //!

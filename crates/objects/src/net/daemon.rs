@@ -193,6 +193,13 @@ impl DaemonBuilder {
         self
     }
 
+    /// Run the store's calls on the calling task instead of tokio's blocking pool, for a
+    /// simulation in virtual time (see [`ServiceOptions::inline_store`]).
+    pub fn inline_store(mut self, inline: bool) -> Self {
+        self.options.inline_store = inline;
+        self
+    }
+
     /// Seed the object service's exploration RNG, so runs repeat exactly.
     pub fn seed(mut self, seed: u64) -> Self {
         self.options.seed = Some(seed);

@@ -311,6 +311,11 @@ pub struct ServiceOptions {
     pub seed: Option<u64>,
     /// The physical clock versions are built on.
     pub clock: Arc<dyn PhysicalClock>,
+    /// Run store calls and hashing on the calling task instead of tokio's blocking pool (default
+    /// `false`). Each call then stalls its runtime thread; it is for a simulation in virtual time
+    /// (the lab), where the blocking pool's threads would make the order of events depend on
+    /// the operating system's scheduling, so that a seed repeats a run exactly.
+    pub inline_store: bool,
 }
 
 impl Default for ServiceOptions {
@@ -319,6 +324,7 @@ impl Default for ServiceOptions {
             members: Vec::new(),
             seed: None,
             clock: Arc::new(SystemClock),
+            inline_store: false,
         }
     }
 }
@@ -338,6 +344,8 @@ struct Inner {
     members: RwLock<Arc<Vec<PeerId>>>,
     clock: Mutex<HybridClock>,
     physical: Arc<dyn PhysicalClock>,
+    /// See [`ServiceOptions::inline_store`].
+    inline_store: bool,
     pending: Mutex<cas::PendingWrites>,
     scores: Arc<Mutex<PeerScores<PeerId>>>,
     rng: Mutex<SmallRng>,
@@ -373,6 +381,7 @@ impl ObjectService {
                 members: RwLock::new(Arc::new(Vec::new())),
                 clock: Mutex::new(HybridClock::new(config.max_clock_skew)),
                 physical: options.clock,
+                inline_store: options.inline_store,
                 pending: Mutex::new(cas::PendingWrites::new()),
                 scores: Arc::new(Mutex::new(PeerScores::new(config.scores))),
                 rng: Mutex::new(rng),
@@ -466,7 +475,8 @@ impl ObjectService {
             let service = upgrade(&weak);
             async move {
                 let service = service?;
-                blocking(move || service.serve_fetch(peer, &body))
+                let inline = service.inner.inline_store;
+                blocking(inline, move || service.serve_fetch(peer, &body))
                     .await
                     .unwrap_or(Err(HandlerError::Stopped))
             }
@@ -476,7 +486,8 @@ impl ObjectService {
             let service = upgrade(&weak);
             async move {
                 let service = service?;
-                blocking(move || service.serve_store(peer, body))
+                let inline = service.inner.inline_store;
+                blocking(inline, move || service.serve_store(peer, body))
                     .await
                     .unwrap_or(Err(HandlerError::Stopped))
             }
@@ -491,7 +502,8 @@ impl ObjectService {
             let service = upgrade(&weak);
             async move {
                 let service = service?;
-                blocking(move || service.serve_cas(peer, body))
+                let inline = service.inner.inline_store;
+                blocking(inline, move || service.serve_cas(peer, body))
                     .await
                     .unwrap_or(Err(HandlerError::Stopped))
             }

@@ -67,6 +67,7 @@ use crate::proto::object::{
     self, decode_fetched, decode_stored, FetchMode, Fetched, Stamp, Stored,
 };
 
+use super::store_calls::offload;
 use super::{lock, DirectionLabel, Inner, ObjectService, OutcomeLabel, ReasonLabel, ReplicaError};
 
 /// Most content bytes one exchange pulls, and most it pushes.
@@ -194,11 +195,12 @@ impl ObjectService {
         buckets: Option<usize>,
     ) -> Result<Summary, ExchangeError> {
         let service = self.clone();
+        let inline = self.inner.inline_store;
         let remembered = lock(&self.inner.entropy_buckets)
             .get(&peer)
             .copied()
             .unwrap_or(1);
-        tokio::task::spawn_blocking(move || {
+        offload(inline, move || {
             let filter = service.shared_filter(peer);
             let mut summary = Summary::new(MAX_BUCKETS)?;
             // Real time on purpose: the scan blocks this thread, whatever clock the node runs on.
@@ -239,7 +241,8 @@ impl ObjectService {
         window: usize,
     ) -> Result<Vec<BucketEntries>, ExchangeError> {
         let service = self.clone();
-        tokio::task::spawn_blocking(move || {
+        let inline = self.inner.inline_store;
+        offload(inline, move || {
             let filter = service.shared_filter(peer);
             let slot: HashMap<usize, usize> =
                 buckets.iter().enumerate().map(|(i, b)| (*b, i)).collect();

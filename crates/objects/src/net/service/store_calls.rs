@@ -45,7 +45,7 @@ impl ObjectService {
         F: FnOnce(&Store) -> T + Send + 'static,
     {
         let store = self.inner.store.clone();
-        blocking(move || call(&store))
+        blocking(self.inner.inline_store, move || call(&store))
             .await
             .ok_or(StoreError::Stopped)
     }
@@ -60,14 +60,28 @@ impl ObjectService {
     }
 }
 
-/// Runs `work` on tokio's blocking pool; `None` when the runtime cancelled it (shutting down). A
-/// panic in `work` resumes in the caller.
+/// Runs `work` on tokio's blocking pool (at once on this task when `inline`, see
+/// [`super::ServiceOptions::inline_store`]); `None` when the runtime cancelled it (shutting
+/// down). A panic in `work` resumes in the caller.
 pub(super) async fn blocking<T: Send + 'static>(
+    inline: bool,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Option<T> {
-    match tokio::task::spawn_blocking(work).await {
+    match offload(inline, work).await {
         Ok(value) => Some(value),
         Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
         Err(_) => None,
+    }
+}
+
+/// Runs `work` on tokio's blocking pool, or at once on this task when `inline`.
+pub(super) async fn offload<T: Send + 'static>(
+    inline: bool,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    if inline {
+        Ok(work())
+    } else {
+        tokio::task::spawn_blocking(work).await
     }
 }
