@@ -233,6 +233,12 @@ pub struct NodeConfig {
     pub dial_timeout: Duration,
     /// How long a peer may take to send a whole request to this node.
     pub inbound_request_timeout: Duration,
+    /// How long a peer may leave a one-way message stream without completing a frame (counted
+    /// from the stream's opening or the previous frame's delivery) before this node stops the
+    /// stream and frees its place under `max_concurrent_uni_streams`. Default 30 s. A node
+    /// finishes its own outbound stream once it has been idle for half of its value, so peers
+    /// should use the same value (or a sender's at most twice the receiver's).
+    pub inbound_stream_timeout: Duration,
     /// Seed for the reconnect jitter and QUIC's connection ids; `None` draws one from the OS. The
     /// lab sets it so runs repeat exactly.
     pub rng_seed: Option<u64>,
@@ -251,6 +257,7 @@ impl NodeConfig {
             backoff: Backoff::default(),
             dial_timeout: Duration::from_secs(5),
             inbound_request_timeout: Duration::from_secs(30),
+            inbound_stream_timeout: Duration::from_secs(30),
             rng_seed: None,
         }
     }
@@ -288,7 +295,10 @@ impl NodeConfig {
                 "queues must hold at least one message",
             ));
         }
-        if self.dial_timeout.is_zero() || self.inbound_request_timeout.is_zero() {
+        if self.dial_timeout.is_zero()
+            || self.inbound_request_timeout.is_zero()
+            || self.inbound_stream_timeout.is_zero()
+        {
             return Err(ConfigError::Invalid("timeouts must be positive"));
         }
         transport.to_quinn().map(|_| ())

@@ -17,7 +17,11 @@
 //!
 //! Inbound messages are routed by [`ProtocolId`] to one bounded subscriber channel each. A full
 //! channel stops reading the peer's stream, so QUIC flow control slows the sender instead of memory
-//! growing; messages for a protocol nobody subscribed to are counted and dropped.
+//! growing; messages for a protocol nobody subscribed to are counted and dropped. A one-way stream
+//! that completes no frame within [`NodeConfig::inbound_stream_timeout`] is stopped with
+//! [`STOP_STREAM_TIMEOUT`] and counted (`meshwire_frame_errors_total{reason="stream_timeout"}`),
+//! so unfinished streams cannot hold the per-connection places (`max_concurrent_uni_streams`)
+//! until the connection closes; the writer finishes its stream after half that time idle.
 //!
 //! A peer that sends a malformed frame (bad header, unknown kind, wrong destination, truncated,
 //! oversized) has its connection closed with [`CLOSE_PROTOCOL_VIOLATION`]; the error is counted in
@@ -64,7 +68,7 @@ pub use batch::{
 pub use dial::DialError;
 use events::PeerWatchers;
 pub use events::{ConnectionEvent, PeerChange, PeerEvents};
-pub use inbound::InboundMessage;
+pub use inbound::{InboundMessage, STOP_STREAM_TIMEOUT};
 use outbound::OutboundQueue;
 pub use outbound::{SendError, SendManyReport};
 pub(crate) use registry::Registry;
