@@ -233,6 +233,12 @@ pub struct NodeConfig {
     pub dial_timeout: Duration,
     /// How long a peer may take to send a whole request to this node.
     pub inbound_request_timeout: Duration,
+    /// Body bytes of inbound requests this node reads and serves at once, from all peers: room for
+    /// a request's body is taken once its header has arrived and before any of it is read, and
+    /// given back when its answer is sent. A request that finds no room is answered with a
+    /// `busy` error at once and counted in `meshwire_dropped_total{reason="request_budget"}`.
+    /// Default 64 MiB; at least one largest frame.
+    pub inbound_request_bytes: u32,
     /// How long a peer may leave a one-way message stream without completing a frame (counted
     /// from the stream's opening or the previous frame's delivery) before this node stops the
     /// stream and frees its place under `max_concurrent_uni_streams`. Default 30 s. A node
@@ -258,6 +264,7 @@ impl NodeConfig {
             dial_timeout: Duration::from_secs(5),
             inbound_request_timeout: Duration::from_secs(30),
             inbound_stream_timeout: Duration::from_secs(30),
+            inbound_request_bytes: 64 * 1024 * 1024,
             rng_seed: None,
         }
     }
@@ -288,6 +295,11 @@ impl NodeConfig {
         if largest_frame > u64::from(self.queue.max_bytes) {
             return Err(ConfigError::Invalid(
                 "the per-peer queue must hold at least one largest frame",
+            ));
+        }
+        if largest_frame > u64::from(self.inbound_request_bytes) {
+            return Err(ConfigError::Invalid(
+                "the inbound request budget must hold at least one largest frame",
             ));
         }
         if self.queue.max_messages == 0 || self.inbound_queue_messages == 0 {

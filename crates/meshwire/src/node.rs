@@ -201,6 +201,8 @@ struct Inner {
     rng: Mutex<SmallRng>,
     batches: batch::BatchService,
     datagrams: Arc<DatagramInbox>,
+    /// Body bytes of inbound requests being read or served, from `inbound_request_bytes`.
+    request_bytes: Arc<Semaphore>,
     /// The kernel buffers of the node's real UDP socket (unset on a lab socket).
     socket_buffers: std::sync::OnceLock<crate::SocketBuffers>,
 }
@@ -322,6 +324,7 @@ impl Node {
             rng: Mutex::new(rng),
             batches,
             datagrams: Arc::default(),
+            request_bytes: Arc::new(Semaphore::new(config.inbound_request_bytes as usize)),
             socket_buffers: std::sync::OnceLock::new(),
             config,
         });
