@@ -280,7 +280,7 @@ impl Arena {
             }
         });
         eprintln!(
-            "flood: {count} requests answered in {:.1} s",
+            "flood requests: {count} answered in {:.1} s",
             started.elapsed().as_secs_f64()
         );
     }
