@@ -27,6 +27,10 @@
 //! oversized) has its connection closed with [`CLOSE_PROTOCOL_VIOLATION`]; the error is counted in
 //! `meshwire_frame_errors_total{reason}` and the node goes on serving everyone else. An oversized
 //! *request* is answered with a `TooLarge` error instead, since limits may legitimately differ.
+//! A request's body is read only once room for it is taken from the node's request budget
+//! ([`NodeConfig::inbound_request_bytes`]); without room it is answered `busy` at once and counted
+//! (`meshwire_dropped_total{reason="request_budget"}`), never left waiting in the connection's
+//! receive window where it would hold back the requests being read.
 //!
 //! Everything here uses `tokio::time` and runs on a current-thread runtime, so the lab can drive it
 //! in virtual time over an emulated socket.
