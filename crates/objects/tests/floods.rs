@@ -208,13 +208,16 @@ impl Arena {
         tracked_live_and_peak().0
     }
 
-    /// The most a flood may add to the victim's heap, as for a bare node
-    /// (`crates/meshwire/tests/floods.rs`): what the flooder's connection can make it hold (its
-    /// receive window, twice the bandwidth-delay product), as much again moved into request
-    /// frames, and 8 MiB for per-stream and per-request state.
+    /// The most a flood may add to the victim's heap: what the flooder's connection can make it
+    /// hold (its receive window, twice the bandwidth-delay product), request bodies read out of
+    /// that window (at most the node's request budget, `inbound_request_bytes`, or for small
+    /// requests as much as the window again, as for a bare node in
+    /// `crates/meshwire/tests/floods.rs`), and 8 MiB for per-stream and per-request state.
     fn bound_bytes(&self) -> i64 {
-        let window = 2 * self.victim.config().transport.bdp_bytes() as i64;
-        2 * window + (8 << 20)
+        let config = self.victim.config();
+        let window = 2 * config.transport.bdp_bytes() as i64;
+        let requests = window.max(i64::from(config.inbound_request_bytes));
+        window + requests + (8 << 20)
     }
 
     /// The value of the counter `name` with label `reason` in the victim's metrics (0 when absent).
