@@ -233,6 +233,18 @@ pub struct NodeConfig {
     pub dial_timeout: Duration,
     /// How long a peer may take to send a whole request to this node.
     pub inbound_request_timeout: Duration,
+    /// Body bytes of inbound requests this node reads and serves at once, from all peers: room for
+    /// a request's body is taken once its header has arrived and before any of it is read, and
+    /// given back when its answer is sent. A request that finds no room is answered with a
+    /// `busy` error at once and counted in `meshwire_dropped_total{reason="request_budget"}`.
+    /// Default 64 MiB; at least one largest frame.
+    pub inbound_request_bytes: u32,
+    /// How long a peer may leave a one-way message stream without completing a frame (counted
+    /// from the stream's opening or the previous frame's delivery) before this node stops the
+    /// stream and frees its place under `max_concurrent_uni_streams`. Default 30 s. A node
+    /// finishes its own outbound stream once it has been idle for half of its value, so peers
+    /// should use the same value (or a sender's at most twice the receiver's).
+    pub inbound_stream_timeout: Duration,
     /// Seed for the reconnect jitter and QUIC's connection ids; `None` draws one from the OS. The
     /// lab sets it so runs repeat exactly.
     pub rng_seed: Option<u64>,
@@ -251,6 +263,8 @@ impl NodeConfig {
             backoff: Backoff::default(),
             dial_timeout: Duration::from_secs(5),
             inbound_request_timeout: Duration::from_secs(30),
+            inbound_stream_timeout: Duration::from_secs(30),
+            inbound_request_bytes: 64 * 1024 * 1024,
             rng_seed: None,
         }
     }
@@ -283,12 +297,20 @@ impl NodeConfig {
                 "the per-peer queue must hold at least one largest frame",
             ));
         }
+        if largest_frame > u64::from(self.inbound_request_bytes) {
+            return Err(ConfigError::Invalid(
+                "the inbound request budget must hold at least one largest frame",
+            ));
+        }
         if self.queue.max_messages == 0 || self.inbound_queue_messages == 0 {
             return Err(ConfigError::Invalid(
                 "queues must hold at least one message",
             ));
         }
-        if self.dial_timeout.is_zero() || self.inbound_request_timeout.is_zero() {
+        if self.dial_timeout.is_zero()
+            || self.inbound_request_timeout.is_zero()
+            || self.inbound_stream_timeout.is_zero()
+        {
             return Err(ConfigError::Invalid("timeouts must be positive"));
         }
         transport.to_quinn().map(|_| ())

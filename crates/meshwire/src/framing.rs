@@ -1,7 +1,7 @@
 //! Read whole frames from QUIC streams, growing buffers only as bytes arrive.
 
 use bytes::BytesMut;
-use meshwire_proto::wire::{self, Frame, Limits, WireError, FRAME_HEADER_LEN};
+use meshwire_proto::wire::{self, Frame, FrameHeader, Limits, WireError, FRAME_HEADER_LEN};
 use quinn::{ReadError, ReadExactError, RecvStream};
 
 /// Why a frame could not be read.
@@ -33,6 +33,19 @@ pub(crate) async fn read_frame_after(
     prefix: &[u8],
     limits: &Limits,
 ) -> Result<Option<Frame>, ReadFrameError> {
+    match read_frame_header(recv, prefix, limits).await? {
+        Some(header) => read_frame_body(recv, &header).await.map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Reads and checks the next frame's header (its first `prefix.len()` bytes already read), or
+/// `None` if the stream ended cleanly between frames; the body is left on the stream.
+pub(crate) async fn read_frame_header(
+    recv: &mut RecvStream,
+    prefix: &[u8],
+    limits: &Limits,
+) -> Result<Option<FrameHeader>, ReadFrameError> {
     let mut head = [0u8; FRAME_HEADER_LEN];
     let start = prefix.len().min(FRAME_HEADER_LEN);
     head[..start].copy_from_slice(&prefix[..start]);
@@ -48,7 +61,14 @@ pub(crate) async fn read_frame_after(
         }
         Err(ReadExactError::ReadError(error)) => return Err(error.into()),
     }
-    let header = wire::decode_frame_header(&head, limits)?;
+    Ok(Some(wire::decode_frame_header(&head, limits)?))
+}
+
+/// Reads the body announced by `header`, growing its buffer only as bytes arrive.
+pub(crate) async fn read_frame_body(
+    recv: &mut RecvStream,
+    header: &FrameHeader,
+) -> Result<Frame, ReadFrameError> {
     let body_len = header.body_len as usize;
     let mut body = BytesMut::with_capacity(body_len.min(READ_STEP));
     while body.len() < body_len {
@@ -63,7 +83,7 @@ pub(crate) async fn read_frame_after(
             }
         }
     }
-    Ok(Some(wire::decode_body(&header, body.freeze())?))
+    Ok(wire::decode_body(header, body.freeze())?)
 }
 
 /// A short, stable name for a wire error, used as a metric label.

@@ -134,7 +134,7 @@ impl Metrics {
         );
         registry.register(
             "frame_errors",
-            "Malformed frames from peers (each closes the connection), by reason",
+            "Malformed frames from peers (each closes the connection) and streams reset or stopped for arriving too slowly (request_timeout, stream_timeout), by reason",
             metrics.frame_errors.clone(),
         );
         registry.register(

@@ -17,12 +17,20 @@
 //!
 //! Inbound messages are routed by [`ProtocolId`] to one bounded subscriber channel each. A full
 //! channel stops reading the peer's stream, so QUIC flow control slows the sender instead of memory
-//! growing; messages for a protocol nobody subscribed to are counted and dropped.
+//! growing; messages for a protocol nobody subscribed to are counted and dropped. A one-way stream
+//! that completes no frame within [`NodeConfig::inbound_stream_timeout`] is stopped with
+//! [`STOP_STREAM_TIMEOUT`] and counted (`meshwire_frame_errors_total{reason="stream_timeout"}`),
+//! so unfinished streams cannot hold the per-connection places (`max_concurrent_uni_streams`)
+//! until the connection closes; the writer finishes its stream after half that time idle.
 //!
 //! A peer that sends a malformed frame (bad header, unknown kind, wrong destination, truncated,
 //! oversized) has its connection closed with [`CLOSE_PROTOCOL_VIOLATION`]; the error is counted in
 //! `meshwire_frame_errors_total{reason}` and the node goes on serving everyone else. An oversized
 //! *request* is answered with a `TooLarge` error instead, since limits may legitimately differ.
+//! A request's body is read only once room for it is taken from the node's request budget
+//! ([`NodeConfig::inbound_request_bytes`]); without room it is answered `busy` at once and counted
+//! (`meshwire_dropped_total{reason="request_budget"}`), never left waiting in the connection's
+//! receive window where it would hold back the requests being read.
 //!
 //! Everything here uses `tokio::time` and runs on a current-thread runtime, so the lab can drive it
 //! in virtual time over an emulated socket.
@@ -64,7 +72,7 @@ pub use batch::{
 pub use dial::DialError;
 use events::PeerWatchers;
 pub use events::{ConnectionEvent, PeerChange, PeerEvents};
-pub use inbound::InboundMessage;
+pub use inbound::{InboundMessage, STOP_STREAM_TIMEOUT};
 use outbound::OutboundQueue;
 pub use outbound::{SendError, SendManyReport};
 pub(crate) use registry::Registry;
@@ -197,6 +205,8 @@ struct Inner {
     rng: Mutex<SmallRng>,
     batches: batch::BatchService,
     datagrams: Arc<DatagramInbox>,
+    /// Body bytes of inbound requests being read or served, from `inbound_request_bytes`.
+    request_bytes: Arc<Semaphore>,
     /// The kernel buffers of the node's real UDP socket (unset on a lab socket).
     socket_buffers: std::sync::OnceLock<crate::SocketBuffers>,
 }
@@ -318,6 +328,7 @@ impl Node {
             rng: Mutex::new(rng),
             batches,
             datagrams: Arc::default(),
+            request_bytes: Arc::new(Semaphore::new(config.inbound_request_bytes as usize)),
             socket_buffers: std::sync::OnceLock::new(),
             config,
         });

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use meshwire::proto::wire::{Destination, EncodedMessage, Kind, Limits, MsgHeader};
 use meshwire::protocols::{ECHO, SERVICES};
 use meshwire::tls::{client_crypto, TlsIdentity};
-use meshwire::{Keypair, Node, NodeConfig, ProtocolId};
+use meshwire::{Keypair, Node, NodeConfig, ProtocolId, STOP_STREAM_TIMEOUT};
 use meshwire_alloc_count::{
     clear_tracker, reset_tracked_peak, set_tracker, tracked_live_and_peak, CountingAllocator,
 };
@@ -36,6 +36,7 @@ fn on_victim_thread() -> bool {
 
 const UNREAD: ProtocolId = ProtocolId(0x0bad);
 const HOARD: ProtocolId = ProtocolId(0x0bae);
+const LATE: ProtocolId = ProtocolId(0x0baf);
 const MIB: f64 = 1024.0 * 1024.0;
 
 fn process_rss_bytes() -> u64 {
@@ -84,6 +85,7 @@ impl Arena {
         // Unfinished requests are reset after this long (default 30 s; shortened to keep the
         // test short, the bound is the same kind).
         victim_config.inbound_request_timeout = Duration::from_secs(1);
+        victim_config.inbound_stream_timeout = Duration::from_secs(1);
         let (node_tx, node_rx) = std::sync::mpsc::channel();
         let (jobs, mut job_rx) = tokio::sync::mpsc::unbounded_channel::<VictimJob>();
         let victim_settings = victim_config.clone();
@@ -294,9 +296,10 @@ fn a_subscriber_that_never_reads_slows_the_flooder_down() {
     arena.report("never-read subscriber", before, peak, after);
 }
 
-/// Streams opened and never finished: one-way streams are capped per connection, unfinished
-/// requests are reset after `inbound_request_timeout` and counted, and closing the connection
-/// frees them.
+/// Streams opened and never finished: one-way streams are capped per connection and stopped
+/// after `inbound_stream_timeout`, unfinished requests are reset after `inbound_request_timeout`,
+/// both counted; once the one-way streams are stopped, a complete message on a new one-way stream
+/// of the same connection is delivered again, and closing the connection frees the rest.
 #[test]
 fn ten_thousand_streams_opened_and_never_finished() {
     let arena = Arena::new();
@@ -323,7 +326,21 @@ fn ten_thousand_streams_opened_and_never_finished() {
     .to_contiguous(&Destination::new(&victim))
     .to_vec();
     let partial = Bytes::from(frame[..frame.len() - (63 << 10)].to_vec());
+    let message_payload = Bytes::from_static(b"after the timeout");
+    let message = EncodedMessage::encode(
+        &MsgHeader {
+            kind: Kind::Message,
+            flags: 0,
+            protocol: LATE,
+            message_id: 2,
+        },
+        message_payload.clone(),
+        &Limits::default(),
+    )
+    .unwrap()
+    .to_contiguous(&Destination::new(&victim));
     let target = arena.victim.local_addr().unwrap();
+    let mut late = arena.victim.subscribe(LATE).unwrap();
     let (uni, bidi, connection) = arena.rt.block_on(async {
         let endpoint = quinn::Endpoint::client(loopback()).unwrap();
         let connection = endpoint
@@ -337,15 +354,41 @@ fn ten_thousand_streams_opened_and_never_finished() {
             .unwrap();
         let mut held = Vec::new();
         let started = Instant::now();
-        // One-way streams until the victim's per-connection cap stops the opening.
-        let mut uni = 0usize;
+        // One-way streams until the victim's per-connection cap stops the opening. The timeout
+        // of an open is shorter than the victim's stream timeout, which would free places.
+        let mut uni_sends = Vec::new();
         while let Ok(Ok(mut send)) =
-            tokio::time::timeout(Duration::from_millis(500), connection.open_uni()).await
+            tokio::time::timeout(Duration::from_millis(200), connection.open_uni()).await
         {
             let _ = send.write_all(&partial).await;
-            held.push((send, None));
-            uni += 1;
+            uni_sends.push(send);
         }
+        let uni = uni_sends.len();
+        // The victim stops each parked one-way stream after its stream timeout.
+        for send in &mut uni_sends {
+            let code = tokio::time::timeout(PATIENCE, send.stopped())
+                .await
+                .expect("a parked one-way stream was never stopped")
+                .unwrap();
+            assert_eq!(code, Some(quinn::VarInt::from_u32(STOP_STREAM_TIMEOUT)));
+        }
+        // Dropping a stopped stream resets it, as RFC 9000 (section 3.5) requires of a sender
+        // told to stop (a meshwire writer drops its stream on the failed write); the reset ends
+        // the stream and frees its place. A peer that never resets keeps its places, which
+        // blocks only its own connection: the stopped streams' data is discarded as it arrives.
+        drop(uni_sends);
+        // A complete message on a new one-way stream of the same connection is delivered.
+        let mut send = tokio::time::timeout(PATIENCE, connection.open_uni())
+            .await
+            .expect("no one-way stream could be opened after the timeout")
+            .unwrap();
+        send.write_all(&message).await.unwrap();
+        send.finish().unwrap();
+        let delivered = tokio::time::timeout(PATIENCE, late.recv())
+            .await
+            .expect("the message after the timeout was not delivered")
+            .unwrap();
+        assert_eq!(delivered.payload, message_payload);
         // Then requests: each is reset after the victim's request timeout, which frees its
         // place, so the flooder keeps opening until it reaches its target.
         let mut bidi = 0usize;
@@ -371,6 +414,10 @@ fn ten_thousand_streams_opened_and_never_finished() {
         arena.victim.metrics().frame_error_count("request_timeout") > 0,
         "unfinished requests were never reset"
     );
+    assert!(
+        arena.victim.metrics().frame_error_count("stream_timeout") >= uni as u64,
+        "parked one-way streams were not counted"
+    );
     let peak = tracked_live_and_peak().1;
     let (endpoint, connection, held) = connection;
     drop(held);
@@ -381,9 +428,11 @@ fn ten_thousand_streams_opened_and_never_finished() {
     });
     let after = arena.settled_heap();
     eprintln!(
-        "flood unfinished streams: {} request streams reset by timeout",
-        arena.victim.metrics().frame_error_count("request_timeout")
+        "flood unfinished streams: {} request streams reset and {} one-way streams stopped by timeout",
+        arena.victim.metrics().frame_error_count("request_timeout"),
+        arena.victim.metrics().frame_error_count("stream_timeout")
     );
+    arena.on_victim(move || drop(late));
     assert!(uni + bidi > 0);
     arena.report("unfinished streams", before, peak, after);
 }

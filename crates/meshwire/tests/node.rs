@@ -399,3 +399,31 @@ async fn a_departed_peer_leaves_no_metric_series() {
     .await
     .expect("a's RTT series is removed");
 }
+
+/// A writer finishes its one-way stream after half the stream timeout idle, so the receiver
+/// never stops a stream the writer still uses: messages sent after long pauses all arrive, and
+/// the receiver counts no `stream_timeout`.
+#[tokio::test]
+async fn an_idle_writer_finishes_its_stream_before_the_receivers_timeout() {
+    let short = |seed| {
+        let mut config = config(seed);
+        config.inbound_stream_timeout = Duration::from_millis(400);
+        Node::bind(config, loopback()).unwrap()
+    };
+    let (a, b) = (short(1), short(2));
+    connect(&a, &b).await;
+    let mut inbox = b.subscribe(CHAT).unwrap();
+    for round in 0..3u8 {
+        a.send(b.peer_id(), CHAT, Bytes::from(vec![round]))
+            .await
+            .unwrap();
+        let message = tokio::time::timeout(PATIENCE, inbox.recv())
+            .await
+            .expect("a message after a pause never arrived")
+            .unwrap();
+        assert_eq!(message.payload, Bytes::from(vec![round]));
+        // Longer than the receiver's stream timeout.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    assert_eq!(b.metrics().frame_error_count("stream_timeout"), 0);
+}

@@ -187,7 +187,8 @@
 //!   `meshwire::protocols::SESSION_RELAY`, only between the two ends named in it, only to a peer it already has a
 //!   connection to (it never dials for others), one datagram of the same length out per datagram in
 //!   (no amplification), through a per-path token bucket (`RelayLimits`: 12.5 MB/s, 1 MiB burst), for
-//!   at most 64 paths, forgetting agreements idle for 30 s. Refused, rate-limited and unsendable
+//!   at most 64 paths (16 asked for by any one peer, so one peer flooding relay requests cannot
+//!   take every place), forgetting agreements idle for 30 s. Refused, rate-limited and unsendable
 //!   datagrams are counted in `HostStats`. An end's `remove_path` tells the relay to stop.
 //! - **Bad input.** A malformed route header is a `SessionHostError::Route(RouteError)`, a malformed
 //!   or out-of-window session packet a `SessionHostError::Session(..)`; both are counted

@@ -137,6 +137,11 @@ pub struct HostStats {
     pub relayed_bytes: AtomicU64,
     /// Relay datagrams refused: no agreement, or a sender outside it.
     pub relay_refused: AtomicU64,
+    /// Relay requests refused: the relay was full (in total or for the asking peer), the other
+    /// end unreachable, or the path relayed between other ends.
+    pub relay_requests_refused: AtomicU64,
+    /// Relay requests that do not decode (answered with an error; the connection stays).
+    pub relay_requests_malformed: AtomicU64,
     /// Relay datagrams dropped by the per-path token bucket.
     pub relay_rate_limited: AtomicU64,
     /// Relay datagrams the onward connection did not take.
@@ -231,8 +236,12 @@ impl SessionHost {
             let host = weak.upgrade();
             async move {
                 let host = host.ok_or(HandlerError::Stopped)?;
-                let request = RelayRequest::decode(&body)
-                    .map_err(|error| HandlerError::Malformed(Box::new(error)))?;
+                let request = RelayRequest::decode(&body).map_err(|error| {
+                    host.stats
+                        .relay_requests_malformed
+                        .fetch_add(1, Ordering::Relaxed);
+                    HandlerError::Malformed(Box::new(error))
+                })?;
                 Ok(host.relay_request(from, &request).encode())
             }
         })?;
@@ -384,7 +393,13 @@ impl HostInner {
         let peer_connected = request.op == RelayOp::Open
             && from != request.peer
             && self.node.connected_peers().contains(&request.peer);
-        lock(&self.relays).handle_request(from, request, peer_connected, now)
+        let reply = lock(&self.relays).handle_request(from, request, peer_connected, now);
+        if reply != RelayReply::Accepted {
+            self.stats
+                .relay_requests_refused
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        reply
     }
 
     fn forward(

@@ -12,6 +12,10 @@ use super::{batch, Inner, Node, SubscribeError, CLOSE_PROTOCOL_VIOLATION};
 use crate::framing::{read_frame_after, wire_error_label, ReadFrameError};
 use crate::metrics::PeerCounters;
 
+/// Stop-sending code: no complete frame arrived on a one-way message stream within
+/// [`crate::NodeConfig::inbound_stream_timeout`].
+pub const STOP_STREAM_TIMEOUT: u32 = 0x03;
+
 /// A message received from a peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InboundMessage {
@@ -118,15 +122,26 @@ impl Inner {
         remote: PeerId,
         mut recv: RecvStream,
     ) {
+        // One-way streams are capped per connection (`max_concurrent_uni_streams`), so one left
+        // open without a complete frame would hold its place until the connection closes: each
+        // frame (the first one with the stream's magic) must arrive within the stream timeout of
+        // the stream's opening or of the previous frame's delivery. Time spent waiting for a full
+        // inbox does not count; an honest writer finishes its idle stream at half the timeout.
+        let timeout = self.config.inbound_stream_timeout;
+        let mut deadline = tokio::time::Instant::now() + timeout;
         // A stream's first two bytes say what it carries: message frames or one batch.
         let mut magic = [0u8; 2];
-        match recv.read_exact(&mut magic).await {
-            Ok(()) => {}
-            Err(quinn::ReadExactError::FinishedEarly(1)) => {
+        match tokio::time::timeout_at(deadline, recv.read_exact(&mut magic)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(quinn::ReadExactError::FinishedEarly(1))) => {
                 self.protocol_violation(&connection, remote, "truncated");
                 return;
             }
-            Err(_) => return,
+            Ok(Err(_)) => return,
+            Err(_) => {
+                self.stream_timed_out(&mut recv);
+                return;
+            }
         }
         if magic == batch::BATCH_MAGIC {
             self.accept_batch(remote, recv).await;
@@ -135,8 +150,16 @@ impl Inner {
         let mut prefix: &[u8] = &magic;
         let counters = self.metrics.peer_counters(&remote);
         loop {
-            let read = read_frame_after(&mut recv, prefix, &self.config.limits).await;
+            let read = tokio::time::timeout_at(
+                deadline,
+                read_frame_after(&mut recv, prefix, &self.config.limits),
+            )
+            .await;
             prefix = &[];
+            let Ok(read) = read else {
+                self.stream_timed_out(&mut recv);
+                return;
+            };
             let frame = match read {
                 Ok(Some(frame)) => frame,
                 Ok(None) | Err(ReadFrameError::Stream(_)) => return,
@@ -155,7 +178,15 @@ impl Inner {
                 payload: frame.payload,
             })
             .await;
+            deadline = tokio::time::Instant::now() + timeout;
         }
+    }
+
+    /// Frees a one-way stream's place: asks the peer to stop sending on it (QUIC answers with a
+    /// reset) and counts `meshwire_frame_errors_total{reason="stream_timeout"}`.
+    fn stream_timed_out(&self, recv: &mut RecvStream) {
+        self.metrics.frame_error("stream_timeout");
+        let _ = recv.stop(VarInt::from_u32(STOP_STREAM_TIMEOUT));
     }
 
     async fn deliver(&self, message: InboundMessage) {

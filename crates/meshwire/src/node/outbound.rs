@@ -275,7 +275,25 @@ impl Inner {
         let rtt_gauge = self.metrics.peer_rtt_gauge(&peer);
         let counters = self.metrics.peer_counters(&peer);
         let mut stream: Option<(usize, SendStream)> = None;
-        while let Some(mut item) = queue.recv().await {
+        // The peer stops a one-way stream that stays without a complete frame for its
+        // `inbound_stream_timeout`; finishing an idle stream well before that means it never
+        // stops one this writer may still be writing to.
+        let idle = self.config.inbound_stream_timeout / 2;
+        loop {
+            let next = match stream.as_mut() {
+                Some((_, send)) => match tokio::time::timeout(idle, queue.recv()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        let _ = send.finish();
+                        stream = None;
+                        continue;
+                    }
+                },
+                None => queue.recv().await,
+            };
+            let Some(mut item) = next else {
+                break;
+            };
             let connection = loop {
                 let live = current
                     .borrow_and_update()

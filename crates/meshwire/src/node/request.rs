@@ -137,15 +137,24 @@ impl Inner {
             .open_bi()
             .await
             .map_err(RequestError::ConnectionLost)?;
-        send.write_all_chunks(&mut message.chunks_for(&dst))
-            .await
-            .map_err(RequestError::WriteFailed)?;
-        let _ = send.finish();
+        // A responder that refuses a request from its header (one over its frame limit) stops
+        // reading it and still answers: after a stopped write, that answer is read.
+        let stopped = match send.write_all_chunks(&mut message.chunks_for(&dst)).await {
+            Ok(()) => {
+                let _ = send.finish();
+                None
+            }
+            Err(error @ WriteError::Stopped(_)) => Some(error),
+            Err(error) => return Err(RequestError::WriteFailed(error)),
+        };
         let counters = self.metrics.peer_counters(&peer);
         self.metrics
             .count_sent(&counters, message.frame_len() as u64);
         let frame = match read_frame(&mut recv, &self.config.limits).await {
             Ok(Some(frame)) => frame,
+            Ok(None) | Err(ReadFrameError::Stream(_)) if stopped.is_some() => {
+                return Err(RequestError::WriteFailed(stopped.expect("checked above")));
+            }
             Ok(None) => return Err(RequestError::NoResponse),
             Err(ReadFrameError::Stream(error)) => return Err(RequestError::ReadFailed(error)),
             Err(ReadFrameError::Wire(error)) => {

@@ -13,7 +13,7 @@ use quinn::{Connection, RecvStream, SendStream, VarInt};
 
 use super::registry::Attachment;
 use super::{Inner, Node, SubscribeError};
-use crate::framing::{read_frame, wire_error_label, ReadFrameError};
+use crate::framing::{read_frame_body, read_frame_header, wire_error_label, ReadFrameError};
 
 /// Stream reset code: the request took too long to arrive.
 const RESET_REQUEST_TIMEOUT: u32 = 1;
@@ -75,18 +75,52 @@ impl Inner {
         mut recv: RecvStream,
     ) {
         let limits = self.config.limits;
-        let arrival = tokio::time::timeout(
-            self.config.inbound_request_timeout,
-            read_frame(&mut recv, &limits),
-        )
+        let arrival = tokio::time::timeout(self.config.inbound_request_timeout, async {
+            let Some(header) = read_frame_header(&mut recv, &[], &limits).await? else {
+                return Ok(None);
+            };
+            // Room in the node's request budget before any of the body is read, so requests
+            // from all streams cannot together hold more than the budget; held until answered.
+            // A request that finds no room is refused at once: one waiting would leave its body
+            // in the connection's receive window, where it could starve the requests that hold
+            // the room.
+            let Ok(budget) = self
+                .request_bytes
+                .clone()
+                .try_acquire_many_owned(header.body_len)
+            else {
+                return Ok(Some(None));
+            };
+            let frame = read_frame_body(&mut recv, &header).await?;
+            Ok(Some(Some((frame, budget))))
+        })
         .await;
-        let frame = match arrival {
+        let (frame, _budget) = match arrival {
             Err(_) => {
                 self.metrics.frame_error("request_timeout");
                 let _ = send.reset(VarInt::from_u32(RESET_REQUEST_TIMEOUT));
                 return;
             }
-            Ok(Ok(Some(frame))) => frame,
+            Ok(Ok(Some(None))) => {
+                self.metrics.drop_message("request_budget");
+                let _ = recv.stop(VarInt::from_u32(0));
+                let reply = wire::encode_error_payload(
+                    ErrorCode::Handler,
+                    "busy: the inbound request budget is full, retry later",
+                );
+                self.respond(
+                    &mut send,
+                    remote,
+                    Kind::ErrorResponse,
+                    ProtocolId(0),
+                    0,
+                    reply,
+                    &limits,
+                )
+                .await;
+                return;
+            }
+            Ok(Ok(Some(Some(request)))) => request,
             Ok(Ok(None)) => {
                 self.protocol_violation(&connection, remote, "empty_request");
                 return;

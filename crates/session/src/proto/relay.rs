@@ -3,7 +3,9 @@
 //! A node forwards only (session, path) pairs it agreed to in a [`RelayRequest`], only between the
 //! two ends named there, one datagram out of the same length per datagram in (the caller forwards
 //! what [`RelayTable::admit`] admits, no more), within a per-path token bucket, for at most
-//! [`RelayLimits::max_paths`] paths at once; an agreement unused for [`RelayLimits::idle`] is
+//! [`RelayLimits::max_paths`] paths at once, at most [`RelayLimits::max_paths_per_peer`] of them asked
+//! for by one peer (so one peer flooding relay requests cannot take every place from the others);
+//! an agreement unused for [`RelayLimits::idle`] is
 //! forgotten when room is needed for a new one. Whether the other end is reachable is the
 //! caller's to say: the table never reads the network or the clock.
 
@@ -19,6 +21,8 @@ use super::route::{RelayOp, RelayReply, RelayRequest};
 pub struct RelayLimits {
     /// Paths relayed at once (0: this node relays nothing).
     pub max_paths: usize,
+    /// Paths relayed at once that one peer asked for.
+    pub max_paths_per_peer: usize,
     /// Bytes per second one relayed path may carry (both directions together).
     pub bytes_per_sec: u64,
     /// Bytes a relayed path may send in one burst.
@@ -31,6 +35,7 @@ impl Default for RelayLimits {
     fn default() -> Self {
         Self {
             max_paths: 64,
+            max_paths_per_peer: 16,
             bytes_per_sec: 12_500_000,
             burst_bytes: 1 << 20,
             idle: Duration::from_secs(30),
@@ -140,7 +145,14 @@ impl RelayTable {
         let idle = self.limits.idle;
         self.agreements
             .retain(|_, agreement| now.duration_since(agreement.last_used) < idle);
-        if self.agreements.len() >= self.limits.max_paths {
+        let asked_by_peer = self
+            .agreements
+            .values()
+            .filter(|agreement| agreement.ends.0 == from)
+            .count();
+        if self.agreements.len() >= self.limits.max_paths
+            || asked_by_peer >= self.limits.max_paths_per_peer
+        {
             return RelayReply::Full;
         }
         if from == request.peer || !peer_connected {
@@ -219,10 +231,32 @@ mod tests {
     fn limits() -> RelayLimits {
         RelayLimits {
             max_paths: 2,
+            max_paths_per_peer: 2,
             bytes_per_sec: 1000,
             burst_bytes: 2000,
             idle: Duration::from_secs(30),
         }
+    }
+
+    #[test]
+    fn one_peer_cannot_take_every_place() {
+        let now = Instant::now();
+        let (flooder, honest, other) = (peer(1), peer(2), peer(3));
+        let mut table = RelayTable::new(RelayLimits {
+            max_paths: 4,
+            max_paths_per_peer: 2,
+            ..limits()
+        });
+        let replies: Vec<RelayReply> = (0..100)
+            .map(|session| table.handle_request(flooder, &open(session, 0, other), true, now))
+            .collect();
+        assert_eq!(replies[..2], [RelayReply::Accepted, RelayReply::Accepted]);
+        assert!(replies[2..].iter().all(|reply| *reply == RelayReply::Full));
+        assert_eq!(table.len(), 2);
+        assert_eq!(
+            table.handle_request(honest, &open(1000, 0, other), true, now),
+            RelayReply::Accepted
+        );
     }
 
     #[test]

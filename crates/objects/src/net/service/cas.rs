@@ -47,7 +47,7 @@ impl ObjectService {
     /// Answers `peer`'s conditional-write request, or refuses it.
     pub fn serve_cas(&self, peer: PeerId, body: Bytes) -> Result<Bytes, HandlerError> {
         let request = cas::decode_cas(&body, self.inner.config.max_object_bytes)
-            .map_err(|error| HandlerError::Malformed(Box::new(error)))?;
+            .map_err(|error| self.malformed(peer, error))?;
         let stamp = matches!(request.phase, Phase::Prepare(_)).then_some(request.stamp);
         let answer = match self.admit(peer, request.clock, stamp) {
             Err(reason) => {

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use meshwire::{HandlerError, PeerId};
 
 use crate::proto::clock::ClockError;
-use crate::proto::object::{self, Refusal, Stamp, Stored};
+use crate::proto::object::{self, ObjectError, Refusal, Stamp, Stored};
 
 use super::{encode_fetched, lock, ObjectService, ReasonLabel};
 
@@ -26,7 +26,7 @@ pub(super) fn refusal_of(error: ClockError) -> Refusal {
 impl ObjectService {
     /// Answers `peer`'s fetch request from the local store, or refuses it.
     pub fn serve_fetch(&self, peer: PeerId, body: &[u8]) -> Result<Bytes, HandlerError> {
-        let request = object::decode_fetch(body).map_err(malformed)?;
+        let request = object::decode_fetch(body).map_err(|error| self.malformed(peer, error))?;
         if let Err(reason) = self.admit(peer, request.clock, None) {
             return self.refuse(peer, request.key, reason);
         }
@@ -38,8 +38,8 @@ impl ObjectService {
     /// Stores a copy sent by `peer` if it wins over the local one, or refuses it. Answers
     /// [`Stored::Holds`] only when the store now holds exactly the version and hash sent.
     pub fn serve_store(&self, peer: PeerId, body: Bytes) -> Result<Bytes, HandlerError> {
-        let request =
-            object::decode_store(&body, self.inner.config.max_object_bytes).map_err(malformed)?;
+        let request = object::decode_store(&body, self.inner.config.max_object_bytes)
+            .map_err(|error| self.malformed(peer, error))?;
         if let Err(reason) = self.admit(peer, request.clock, Some(request.stamp)) {
             return self.refuse(peer, request.key, reason);
         }
@@ -59,6 +59,22 @@ impl ObjectService {
         };
         let clock = self.tick().map_err(handler_error)?;
         Ok(Bytes::from(object::encode_stored(clock, stored)))
+    }
+
+    /// Counts a request from `peer` that does not decode in
+    /// `meshwire_object_refused_requests_total{reason="malformed"}` and answers it with the error.
+    /// Like a malformed digest exchange it costs only its request stream: the connection stays.
+    /// Logged at debug, so a flood of them does not flood the log.
+    pub(super) fn malformed(&self, peer: PeerId, error: ObjectError) -> HandlerError {
+        self.inner
+            .metrics
+            .refused_requests
+            .get_or_create(&ReasonLabel {
+                reason: "malformed",
+            })
+            .inc();
+        tracing::debug!(%peer, %error, "malformed object request");
+        HandlerError::Malformed(Box::new(error))
     }
 
     /// Counts and logs a request from `peer` refused for `reason`.
@@ -100,10 +116,6 @@ impl ObjectService {
         let clock = self.tick().map_err(handler_error)?;
         Ok(Bytes::from(object::encode_refusal(clock, reason)))
     }
-}
-
-fn malformed(error: impl std::error::Error + Send + Sync + 'static) -> HandlerError {
-    HandlerError::Malformed(Box::new(error))
 }
 
 fn handler_error(error: impl std::error::Error + Send + Sync + 'static) -> HandlerError {

@@ -1,0 +1,553 @@
+//! Floods from one peer against a running object service: the victim's heap stays within its
+//! bounds, every flood request is refused or answered and counted by reason, and an honest member
+//! still stores and fetches throughout.
+//!
+//! The victim daemon (node, object service, in-memory store) runs on its own runtime, whose
+//! threads (the store's blocking pool included) are the counting allocator's tracked context, so
+//! the heap measured is the victim's alone. `MESHWIRE_FLOOD_MESSAGES` sets the flood size (default
+//! 20,000); `bench/floods.sh` runs the same floods with 1,000,000 in release.
+#![cfg(feature = "net")]
+
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use meshwire::protocols::{
+    OBJECT_CAS as CAS, OBJECT_FETCH as FETCH, OBJECT_STORE as STORE, OBJECT_SYNC as SYNC,
+};
+use meshwire::{Keypair, Limits, Node, NodeConfig, PeerId, ProtocolId, RequestError};
+use meshwire_alloc_count::{
+    clear_tracker, reset_tracked_peak, set_tracker, tracked_live_and_peak, CountingAllocator,
+};
+use meshwire_objects::net::{Daemon, ObjectConfig};
+use meshwire_objects::proto::cas::{self, Phase, Precondition};
+use meshwire_objects::proto::entropy::{self, ExchangeLimits, Summary};
+use meshwire_objects::proto::object::{self, content_hash, FetchMode, Fetched, Refusal, Stamp};
+use tokio::runtime::Runtime;
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+thread_local! {
+    static VICTIM_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+fn on_victim_thread() -> bool {
+    VICTIM_THREAD.try_with(Cell::get).unwrap_or(false)
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+const DEADLINE: Duration = Duration::from_secs(20);
+/// Requests a flooder keeps in flight (the victim serves 256 at once per connection).
+const IN_FLIGHT: usize = 512;
+/// Oversized store requests a flooder keeps in flight.
+const OVERSIZED_IN_FLIGHT: usize = 64;
+
+fn loopback() -> SocketAddr {
+    "127.0.0.1:0".parse().expect("valid literal")
+}
+
+fn flood_messages() -> usize {
+    std::env::var("MESHWIRE_FLOOD_MESSAGES")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(20_000)
+}
+
+fn process_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|kib| kib.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+fn node_config(seed: u8) -> NodeConfig {
+    let mut config = NodeConfig::new(Keypair::from_seed([seed; 32]));
+    config.rng_seed = Some(u64::from(seed));
+    config
+}
+
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+const VICTIM: u8 = 1;
+const HONEST: u8 = 2;
+const MEMBER_FLOODER: u8 = 3;
+const OUTSIDER: u8 = 4;
+
+fn peer(seed: u8) -> PeerId {
+    Keypair::from_seed([seed; 32]).peer_id()
+}
+
+/// The victim daemon on its own thread and runtime; the flooder and an honest member as bare
+/// nodes on the test thread's runtime.
+struct Arena {
+    _exclusive: std::sync::MutexGuard<'static, ()>,
+    victim_thread: Option<std::thread::JoinHandle<()>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    rt: Runtime,
+    victim: Node,
+    flooder: Node,
+    honest: Node,
+    honest_writes: u64,
+}
+
+impl Arena {
+    /// `flooder_seed` is a member's seed or the outsider's; `flooder_limits` lets it send frames
+    /// the victim's limits refuse.
+    fn new(flooder_seed: u8, flooder_limits: Limits) -> Self {
+        let exclusive = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        set_tracker(on_victim_thread);
+        let (node_tx, node_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let victim_thread = std::thread::spawn(move || {
+            VICTIM_THREAD.with(|flag| flag.set(true));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .on_thread_start(|| VICTIM_THREAD.with(|flag| flag.set(true)))
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let objects = ObjectConfig {
+                    // Only the floods' requests reach the store.
+                    anti_entropy_interval: Duration::ZERO,
+                    ..ObjectConfig::default()
+                };
+                let daemon = Daemon::builder(objects)
+                    .members([peer(VICTIM), peer(HONEST), peer(MEMBER_FLOODER)])
+                    .bind(loopback(), |config| *config = node_config(VICTIM))
+                    .await
+                    .unwrap();
+                node_tx.send(daemon.node().clone()).unwrap();
+                let _ = stopped.await;
+                daemon.shutdown().await.unwrap();
+            });
+        });
+        let victim = node_rx.recv().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (flooder, honest) = rt.block_on(async {
+            let mut flooder_config = node_config(flooder_seed);
+            flooder_config.limits = flooder_limits;
+            let flooder = Node::bind(flooder_config, loopback()).unwrap();
+            let honest = Node::bind(node_config(HONEST), loopback()).unwrap();
+            for node in [&flooder, &honest] {
+                node.connect(victim.local_addr().unwrap(), victim.peer_id())
+                    .await
+                    .unwrap();
+            }
+            (flooder, honest)
+        });
+        Self {
+            _exclusive: exclusive,
+            victim_thread: Some(victim_thread),
+            stop: Some(stop),
+            rt,
+            victim,
+            flooder,
+            honest,
+            honest_writes: 0,
+        }
+    }
+
+    /// The honest member stores a new version of its key on the victim and fetches it back.
+    fn honest_is_served(&mut self) {
+        self.honest_writes += 1;
+        let content = format!("honest write {}", self.honest_writes).into_bytes();
+        let stamp = Stamp {
+            version: self.honest_writes,
+            hash: content_hash(&content),
+        };
+        let mut store = object::encode_store_header(1, "honest", &stamp);
+        store.extend_from_slice(&content);
+        let victim = self.victim.peer_id();
+        let (stored, fetched) = self.rt.block_on(async {
+            let stored = self
+                .honest
+                .request(victim, STORE, Bytes::from(store), DEADLINE)
+                .await
+                .expect("the honest member's store was not served");
+            let fetch = object::encode_fetch(1, FetchMode::Full, "honest");
+            let fetched = self
+                .honest
+                .request(victim, FETCH, Bytes::from(fetch), DEADLINE)
+                .await
+                .expect("the honest member's fetch was not served");
+            (stored, fetched)
+        });
+        let stored = object::decode_stored(&stored).unwrap();
+        assert_eq!(stored.answer, Ok(object::Stored::Holds));
+        let answer = object::decode_fetched(FetchMode::Full, &fetched, 1 << 20).unwrap();
+        match answer.answer {
+            Ok(Fetched::Present {
+                stamp: held,
+                content: Some(range),
+            }) => {
+                assert_eq!(held, stamp);
+                assert_eq!(&fetched[range], &content[..]);
+            }
+            other => panic!("the honest member's copy is not served: {other:?}"),
+        }
+    }
+
+    /// The victim's live heap once it has settled (a few honest round trips and a pause).
+    fn settled_heap(&mut self) -> i64 {
+        for _ in 0..3 {
+            self.honest_is_served();
+            self.rt
+                .block_on(async { tokio::time::sleep(Duration::from_millis(100)).await });
+        }
+        tracked_live_and_peak().0
+    }
+
+    /// The most a flood may add to the victim's heap: what the flooder's connection can make it
+    /// hold (its receive window, twice the bandwidth-delay product), request bodies read out of
+    /// that window (at most the node's request budget, `inbound_request_bytes`, or for small
+    /// requests as much as the window again, as for a bare node in
+    /// `crates/meshwire/tests/floods.rs`), and 8 MiB for per-stream and per-request state.
+    fn bound_bytes(&self) -> i64 {
+        let config = self.victim.config();
+        let window = 2 * config.transport.bdp_bytes() as i64;
+        let requests = window.max(i64::from(config.inbound_request_bytes));
+        window + requests + (8 << 20)
+    }
+
+    /// The value of the counter `name` with label `reason` in the victim's metrics (0 when absent).
+    fn counted(&self, name: &str, reason: &str) -> u64 {
+        let text = self.victim.metrics().encode_text();
+        let prefix = format!("{name}{{reason=\"{reason}\"}} ");
+        text.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn report(&self, flood: &str, before: i64, peak: i64, after: i64) {
+        eprintln!(
+            "flood {flood}: victim heap before {:.1} MiB, peak {:.1} MiB (bound {:.1} MiB), after {:.1} MiB; \
+             process RSS (victim, flooder and honest member) {:.0} MiB",
+            before as f64 / MIB,
+            peak as f64 / MIB,
+            self.bound_bytes() as f64 / MIB,
+            after as f64 / MIB,
+            process_rss_bytes() as f64 / MIB
+        );
+        assert!(
+            peak - before <= self.bound_bytes(),
+            "{flood}: the victim's heap grew by {} bytes",
+            peak - before
+        );
+        // Back within 10% of where it was (plus 1 MiB for allocator and metric-label noise).
+        assert!(
+            (after - before) as f64 <= 0.1 * before as f64 + MIB,
+            "{flood}: the victim's heap did not come back: {before} -> {after}"
+        );
+    }
+
+    /// Sends `count` requests from the flooder, `in_flight` at a time, the `i`th made by
+    /// `request(i)`, and hands each result to `check`.
+    fn flood(
+        &self,
+        count: usize,
+        in_flight: usize,
+        request: impl Fn(usize) -> (ProtocolId, Bytes),
+        check: impl Fn(usize, ProtocolId, Result<Bytes, RequestError>),
+    ) {
+        let victim = self.victim.peer_id();
+        let started = Instant::now();
+        self.rt.block_on(async {
+            let mut tasks = tokio::task::JoinSet::new();
+            for i in 0..count {
+                if tasks.len() >= in_flight {
+                    let (i, protocol, result) = tasks.join_next().await.unwrap().unwrap();
+                    check(i, protocol, result);
+                }
+                let (protocol, body) = request(i);
+                let flooder = self.flooder.clone();
+                tasks.spawn(async move {
+                    let result = flooder.request(victim, protocol, body, DEADLINE).await;
+                    (i, protocol, result)
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                let (i, protocol, result) = done.unwrap();
+                check(i, protocol, result);
+            }
+        });
+        eprintln!(
+            "flood requests: {count} answered in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        self.stop = None;
+        if let Some(thread) = self.victim_thread.take() {
+            let _ = thread.join();
+        }
+        clear_tracker();
+    }
+}
+
+/// A well-formed request on each object protocol in turn, for key `key-{i}`.
+fn object_request(i: usize) -> (ProtocolId, Bytes) {
+    let key = format!("key-{i}");
+    let content = b"flood content";
+    let stamp = Stamp {
+        version: 1,
+        hash: content_hash(content),
+    };
+    let body = match i % 4 {
+        0 => (FETCH, object::encode_fetch(1, FetchMode::Full, &key)),
+        1 => {
+            let mut body = object::encode_store_header(1, &key, &stamp);
+            body.extend_from_slice(content);
+            (STORE, body)
+        }
+        2 => {
+            let mut body =
+                cas::encode_cas_header(1, Phase::Prepare(Precondition::Absent), &key, &stamp);
+            body.extend_from_slice(content);
+            (CAS, body)
+        }
+        _ => {
+            let placement = entropy::placement_id(&[], 3);
+            let digests = Summary::new(8).unwrap();
+            (
+                SYNC,
+                entropy::encode_digests(1, &placement, digests.digests()),
+            )
+        }
+    };
+    (body.0, Bytes::from(body.1))
+}
+
+/// Whether `reply`, an answer on `protocol`, is a refusal for `reason`.
+fn refused_for(protocol: ProtocolId, reply: &[u8], reason: Refusal) -> bool {
+    let refusal = if protocol == FETCH {
+        object::decode_fetched(FetchMode::Full, reply, 1 << 20)
+            .unwrap()
+            .answer
+            .err()
+    } else if protocol == STORE {
+        object::decode_stored(reply).unwrap().answer.err()
+    } else if protocol == CAS {
+        cas::decode_cas_answer(reply).unwrap().1.err()
+    } else {
+        entropy::decode_entries(reply, 8, ExchangeLimits::default())
+            .unwrap()
+            .answer
+            .err()
+    };
+    refusal == Some(reason)
+}
+
+/// A non-member's fetch, store, conditional-write and digest requests are all refused before the
+/// store is touched, and counted as `not_member`.
+#[test]
+fn a_non_member_flooding_every_object_request_is_refused() {
+    let mut arena = Arena::new(OUTSIDER, Limits::default());
+    let messages = flood_messages();
+    let before = arena.settled_heap();
+    reset_tracked_peak();
+    let counter = "meshwire_object_refused_requests_total";
+    let refused_before = arena.counted(counter, "not_member");
+    arena.flood(
+        messages,
+        IN_FLIGHT,
+        object_request,
+        |i, protocol, result| {
+            let reply = result.unwrap_or_else(|error| panic!("request {i} failed: {error}"));
+            assert!(
+                refused_for(protocol, &reply, Refusal::NotMember),
+                "request {i} was not refused"
+            );
+        },
+    );
+    assert_eq!(
+        arena.counted(counter, "not_member") - refused_before,
+        messages as u64
+    );
+    arena.honest_is_served();
+    let peak = tracked_live_and_peak().1;
+    let after = arena.settled_heap();
+    assert!(
+        arena.victim.connected_peers().contains(&peer(OUTSIDER)),
+        "a refused request breaks no protocol: the outsider stays connected"
+    );
+    arena.report("non-member object requests", before, peak, after);
+}
+
+/// A member fetching keys nobody stored gets `Absent` answers; its malformed fetch, store and
+/// conditional-write requests get errors, each counted as `malformed`, and cost only their stream.
+#[test]
+fn a_member_flooding_missing_keys_and_malformed_requests_is_answered() {
+    let mut arena = Arena::new(MEMBER_FLOODER, Limits::default());
+    let messages = flood_messages();
+    let before = arena.settled_heap();
+    reset_tracked_peak();
+    let counter = "meshwire_object_refused_requests_total";
+    let malformed_before = arena.counted(counter, "malformed");
+    // Every other request is malformed: a fetch with an unknown mode, a store whose content does
+    // not match its hash, a conditional write cut short.
+    let request = |i: usize| -> (ProtocolId, Bytes) {
+        let key = format!("missing-{i}");
+        if i % 2 == 0 {
+            return (
+                FETCH,
+                Bytes::from(object::encode_fetch(1, FetchMode::Metadata, &key)),
+            );
+        }
+        let stamp = Stamp {
+            version: 1,
+            hash: content_hash(b"the real content"),
+        };
+        match (i / 2) % 3 {
+            0 => {
+                let mut fetch = object::encode_fetch(1, FetchMode::Full, &key);
+                fetch[8] = 9;
+                (FETCH, Bytes::from(fetch))
+            }
+            1 => {
+                let mut store = object::encode_store_header(1, &key, &stamp);
+                store.extend_from_slice(b"something else");
+                (STORE, Bytes::from(store))
+            }
+            _ => {
+                let prepare =
+                    cas::encode_cas_header(1, Phase::Prepare(Precondition::Absent), &key, &stamp);
+                (CAS, Bytes::from(prepare[..prepare.len() - 3].to_vec()))
+            }
+        }
+    };
+    arena.flood(messages, IN_FLIGHT, request, |i, _, result| {
+        if i % 2 == 0 {
+            let reply = result.unwrap_or_else(|error| panic!("fetch {i} failed: {error}"));
+            let answer = object::decode_fetched(FetchMode::Metadata, &reply, 0).unwrap();
+            assert_eq!(answer.answer, Ok(Fetched::Absent), "fetch {i}");
+        } else {
+            assert!(
+                matches!(result, Err(RequestError::Remote(ref text)) if text.contains("malformed")),
+                "malformed request {i}: {result:?}"
+            );
+        }
+    });
+    assert_eq!(
+        arena.counted(counter, "malformed") - malformed_before,
+        (messages / 2) as u64
+    );
+    arena.honest_is_served();
+    let peak = tracked_live_and_peak().1;
+    let after = arena.settled_heap();
+    assert!(
+        arena
+            .victim
+            .connected_peers()
+            .contains(&peer(MEMBER_FLOODER)),
+        "a malformed request costs its stream, not the connection"
+    );
+    arena.report(
+        "member missing-key and malformed requests",
+        before,
+        peak,
+        after,
+    );
+}
+
+/// Store requests over the frame limit are answered `TooLarge` after the header, before their
+/// payload is read (counted `too_large`); store requests within the frame limit whose content is
+/// over `max_object_bytes` are refused as malformed.
+#[test]
+fn oversized_store_frames_are_refused_unread() {
+    // The flooder's own limit lets it send frames of 32 MiB; the victim's is 16 MiB.
+    let mut arena = Arena::new(
+        MEMBER_FLOODER,
+        Limits {
+            max_payload_bytes: 32 << 20,
+        },
+    );
+    // Each is megabytes on the wire: fewer than the message floods.
+    let count = (flood_messages() / 100).clamp(20, 2_000);
+    let before = arena.settled_heap();
+    reset_tracked_peak();
+    let frame_limit = Limits::default().max_payload_bytes as usize;
+    let max_object = ObjectConfig::default().max_object_bytes;
+    let store = |len: usize| {
+        let content = vec![5u8; len];
+        let stamp = Stamp {
+            version: 1,
+            hash: content_hash(&content),
+        };
+        let mut body = object::encode_store_header(1, &format!("big-{len}"), &stamp);
+        body.extend_from_slice(&content);
+        Bytes::from(body)
+    };
+    let over_frame = store(frame_limit + (1 << 20));
+    let over_object = store(max_object + 1);
+    let too_large_before = arena.victim.metrics().frame_error_count("too_large");
+    let malformed_before = arena.counted("meshwire_object_refused_requests_total", "malformed");
+    let request = |i: usize| -> (ProtocolId, Bytes) {
+        let body = if i % 2 == 0 {
+            &over_frame
+        } else {
+            &over_object
+        };
+        (STORE, body.clone())
+    };
+    let busy_before = arena.victim.metrics().dropped_count("request_budget");
+    let (malformed, busy) = (Cell::new(0u64), Cell::new(0u64));
+    arena.flood(count, OVERSIZED_IN_FLIGHT, request, |i, _, result| {
+        if i % 2 == 0 {
+            assert!(
+                matches!(result, Err(RequestError::RemoteTooLarge(_))),
+                "store over the frame limit {i}: {result:?}"
+            );
+            return;
+        }
+        // Read and refused as malformed, or refused unread while the request budget was full.
+        match result {
+            Err(RequestError::Remote(ref text)) if text.contains("malformed") => {
+                malformed.set(malformed.get() + 1);
+            }
+            Err(RequestError::Remote(ref text)) if text.starts_with("busy") => {
+                busy.set(busy.get() + 1);
+            }
+            other => panic!("store over max_object_bytes {i}: {other:?}"),
+        }
+    });
+    eprintln!(
+        "flood oversized stores: {count} sent, {} refused after the header, {} read and refused \
+         as malformed, {} refused for the request budget",
+        count.div_ceil(2),
+        malformed.get(),
+        busy.get()
+    );
+    assert_eq!(
+        arena.victim.metrics().frame_error_count("too_large") - too_large_before,
+        count.div_ceil(2) as u64
+    );
+    assert_eq!(
+        arena.counted("meshwire_object_refused_requests_total", "malformed") - malformed_before,
+        malformed.get()
+    );
+    assert_eq!(
+        arena.victim.metrics().dropped_count("request_budget") - busy_before,
+        busy.get()
+    );
+    assert_eq!(malformed.get() + busy.get(), (count / 2) as u64);
+    assert!(malformed.get() > 0, "no oversized object was ever read");
+    arena.honest_is_served();
+    let peak = tracked_live_and_peak().1;
+    let after = arena.settled_heap();
+    arena.report("oversized stores", before, peak, after);
+}
