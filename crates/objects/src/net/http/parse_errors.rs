@@ -150,10 +150,17 @@ impl AsyncWrite for ParseErrorIo {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        // Left to `ParseErrorAnswer::answer`, which knows how the connection ended and sends
-        // what is held; the socket closes when it drops the last handle, right after hyper
-        // returns.
-        Poll::Ready(Ok(()))
+        let holding = !self
+            .held
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .bytes
+            .is_empty();
+        if holding {
+            // Left to `ParseErrorAnswer::answer`, which knows how the connection ended.
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Ready(shutdown_write(&self.stream))
     }
 }
 
@@ -190,8 +197,16 @@ impl ParseErrorAnswer {
                 Err(_) => break,
             }
         }
+        let _ = shutdown_write(&self.stream);
         code
     }
+}
+
+/// Sends FIN after what was written, as hyper's own shutdown would: a client then reads the
+/// whole answer and its end even when the close that follows resets the connection (request
+/// bytes left unread, such as a body refused with `413`).
+fn shutdown_write(stream: &TcpStream) -> io::Result<()> {
+    socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write)
 }
 
 /// Where a write ends with what looks like hyper's automatic answer, its start. Only the last
