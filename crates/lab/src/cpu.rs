@@ -4,11 +4,14 @@
 //!
 //! A [`Cpu`] runs one job at a time, in the order the jobs were submitted. A job of cost `c`
 //! submitted at `t` starts when the CPU is free, at `max(t, busy_until)`, and finishes `c`
-//! later; [`Cpu::run`] resolves at its finish. The CPU keeps `busy_until` exactly and each job
-//! sleeps until its own finish: tokio's timer and turmoil's step fire on whole milliseconds
-//! ([`crate::lab::TICK`]), so a job may resolve up to a millisecond late, but the late wake-up
-//! is not charged to the next job, which starts at the exact finish of the one before. Busy
-//! time, order and backlog are exact; single completions have millisecond resolution.
+//! later; [`Cpu::run`] resolves at its finish. The CPU keeps `busy_until` exactly. tokio's timer
+//! and turmoil's step fire on whole milliseconds ([`crate::lab::TICK`]), so a job that finishes
+//! less than [`TIMER_RESOLUTION`] from now resolves at once, and a later one sleeps until its
+//! finish and may wake up to a millisecond late. Either error is under a millisecond and is not
+//! carried over: the next job starts at the exact finish of the one before, so busy time, order
+//! and backlog are exact and a CPU with work queued beyond a millisecond makes its callers wait.
+//! (Sleeping for every job instead would make each sub-millisecond job cost a whole
+//! millisecond of the caller's time: a 20 µs batch would block the gossip driver for 1 ms.)
 //!
 //! Every host gets its own CPU when its software starts ([`crate::HostContext::cpu`]); whatever
 //! runs on the host and submits work to it shares it. Gossip submits through
@@ -24,6 +27,9 @@ use std::time::Duration;
 
 use meshwire_gossip::{Processor, Work};
 use tokio::time::Instant;
+
+/// The granularity of the timer jobs sleep on.
+pub const TIMER_RESOLUTION: Duration = Duration::from_millis(1);
 
 /// What a CPU has done since it started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -89,7 +95,9 @@ impl Cpu {
             finish
         };
         let _finish = Finish(self);
-        tokio::time::sleep_until(finish).await;
+        if finish >= Instant::now() + TIMER_RESOLUTION {
+            tokio::time::sleep_until(finish).await;
+        }
     }
 
     /// What the CPU has done so far.
