@@ -236,4 +236,6 @@ pub mod proto;
 pub mod net;
 
 #[cfg(feature = "net")]
-pub use net::{Delivered, GossipService, GossipServiceError, GossipSettings, GossipValidator};
+pub use net::{
+    Delivered, GossipService, GossipServiceError, GossipSettings, GossipValidator, Processor, Work,
+};

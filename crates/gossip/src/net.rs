@@ -10,8 +10,17 @@
 //!
 //! Per-class counters (`meshwire_gossip_*_total{class, direction}`) are registered in the node's
 //! registry and updated after every step of the state machine.
+//!
+//! A [`Processor`] in the settings is the CPU the items run on: after each inbound batch the
+//! driver hands it the [`Work`] the batch made (adverts, requests, artifact copies, validations)
+//! and waits until it is done before the batch's replies leave and its deliveries reach the
+//! application. The driver handles one batch at a time, so batches that arrive meanwhile wait
+//! in the node's inbox. The lab's hosts use it to give every item a measured cost in virtual
+//! time (`meshwire-lab`'s `cpu` module); without one, handling takes no time beyond its own.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use crate::proto::{self as gossip, ArtifactId, ClassId, ClassStats, Event, GossipConfig};
@@ -47,6 +56,57 @@ pub struct GossipSettings {
     pub config: GossipConfig,
     /// Delivered artifacts buffered for the application.
     pub delivered_queue: usize,
+    /// The CPU inbound items are charged to; `None`: no charge.
+    pub processor: Option<Arc<dyn Processor>>,
+}
+
+/// What one inbound batch made the node do, from the state machine's counters (every class).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Adverts and lazy adverts received.
+    pub adverts: u64,
+    /// Requests received for artifacts held.
+    pub requests: u64,
+    /// Artifact copies received, pushed or pulled, duplicates included (each is hashed into
+    /// its id).
+    pub artifacts: u64,
+    /// Their payload bytes.
+    pub artifact_bytes: u64,
+    /// Artifacts handed to the validator (new ones, accepted or rejected).
+    pub validations: u64,
+}
+
+impl Work {
+    /// The work between two snapshots of the per-class counters.
+    pub fn between(
+        before: &BTreeMap<ClassId, ClassStats>,
+        after: &BTreeMap<ClassId, ClassStats>,
+    ) -> Self {
+        let mut work = Work::default();
+        for (class, now) in after {
+            let was = before.get(class).copied().unwrap_or_default();
+            work.adverts += now.adverts_received - was.adverts_received;
+            work.requests += now.requests_received - was.requests_received;
+            work.artifacts += (now.pushes_received + now.pulls_received)
+                - (was.pushes_received + was.pulls_received);
+            work.artifact_bytes += now.payload_bytes_received - was.payload_bytes_received;
+            work.validations += (now.delivered + now.rejected) - (was.delivered + was.rejected);
+        }
+        work
+    }
+
+    /// Whether the batch made no countable work.
+    pub fn is_empty(&self) -> bool {
+        *self == Work::default()
+    }
+}
+
+/// The CPU a gossip service's inbound items run on. `process` resolves when `work` is done;
+/// the driver waits for it before it sends the batch's replies and delivers its artifacts, so
+/// work queues behind the processor.
+pub trait Processor: std::fmt::Debug + Send + Sync {
+    /// Runs `work`.
+    fn process(&self, work: Work) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 }
 
 impl GossipSettings {
@@ -56,6 +116,7 @@ impl GossipSettings {
             protocol: protocols::GOSSIP,
             config,
             delivered_queue: 1024,
+            processor: None,
         }
     }
 }
@@ -287,6 +348,7 @@ impl GossipService {
             state: state.clone(),
             wake: wake.clone(),
             delivered: delivered_tx,
+            processor: settings.processor,
         };
         let task = tokio::spawn(driver.run(inbox, events, peers)).abort_handle();
         let shared = Arc::new(Shared {
@@ -369,6 +431,7 @@ struct Driver {
     state: Arc<Mutex<State>>,
     wake: Arc<Notify>,
     delivered: mpsc::Sender<Delivered>,
+    processor: Option<Arc<dyn Processor>>,
 }
 
 impl Driver {
@@ -425,15 +488,27 @@ impl Driver {
         }
     }
 
-    /// Runs one input through the state machine, sends its batches and hands its deliveries to
-    /// the application (waiting while the application's queue is full).
+    /// Runs one input through the state machine, waits for the processor to do the work it
+    /// made, sends its batches and hands its deliveries to the application (waiting while the
+    /// application's queue is full).
     async fn step(&self, input: impl FnOnce(&mut Machine, std::time::Instant)) {
-        let (transmits, events) = {
+        let (transmits, events, work) = {
             let mut state = lock(&self.state);
+            // The counters are copied only when something charges for the work.
+            let before = self
+                .processor
+                .is_some()
+                .then(|| state.machine.stats().clone());
             input(&mut state.machine, now());
             let events: Vec<Event> = std::iter::from_fn(|| state.machine.poll_event()).collect();
-            (drain(&mut state), events)
+            let work = before.map(|before| Work::between(&before, state.machine.stats()));
+            (drain(&mut state), events, work)
         };
+        if let (Some(processor), Some(work)) = (&self.processor, work) {
+            if !work.is_empty() {
+                processor.process(work).await;
+            }
+        }
         send(&self.node, self.protocol, transmits);
         for event in events {
             match event {

@@ -386,6 +386,7 @@ impl<V: Validator> Gossip<V> {
             .is_some_and(|p| p.requested.map(|(peer, _)| peer) == Some(from));
         let stats = self.stats.entry(class).or_default();
         stats.bytes_received += (codec::ARTIFACT_HEADER_LEN + payload.len()) as u64;
+        stats.payload_bytes_received += payload.len() as u64;
         if requested {
             stats.pulls_received += 1;
         } else {

@@ -13,6 +13,7 @@ use meshwire::{Keypair, Metrics, Node, NodeConfig, PeerId};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::cpu::Cpu;
 use crate::link::{LinkSpec, Rate};
 use crate::placement::{Control, Placement, SharedLog};
 use crate::socket::{Carrier, DownlinkStats, LabSocket, Network, SocketStats};
@@ -108,6 +109,7 @@ pub struct HostContext {
     metrics: MetricsBoard,
     realtime: bool,
     prebound: Prebound,
+    cpu: Arc<Cpu>,
 }
 
 /// A placed lab's node socket, bound before the run starts (see [`Lab::placed`]).
@@ -117,6 +119,11 @@ type Prebound = Rc<RefCell<Option<Arc<LabSocket>>>>;
 type MetricsBoard = Rc<RefCell<BTreeMap<String, Arc<Metrics>>>>;
 
 impl HostContext {
+    /// The host's one CPU ([`crate::cpu`]), new each time its software starts.
+    pub fn cpu(&self) -> &Arc<Cpu> {
+        &self.cpu
+    }
+
     /// A node config for this host: its identity, seeded jitter, the lab's pinned MTU.
     pub fn node_config(&self) -> NodeConfig {
         let mut config = NodeConfig::new(self.keypair.clone());
@@ -356,6 +363,8 @@ impl Lab {
             Backend::Simulated(sim) => sim.host(name, move || {
                 let mut context = context.clone();
                 context.ip = turmoil::lookup(context.name.as_str());
+                // A restarted host's tokio clock starts again: so does its CPU.
+                context.cpu = Arc::default();
                 software(context)
             }),
             Backend::Realtime { hosts, placed, .. } => {
@@ -424,6 +433,7 @@ impl Lab {
             metrics: self.metrics.clone(),
             prebound: self.prebound.clone(),
             realtime: self.is_realtime(),
+            cpu: Arc::default(),
         }
     }
 

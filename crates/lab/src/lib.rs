@@ -11,8 +11,8 @@
 //! the links (`tc tbf`) while the receiving sockets add delay, jitter and loss
 //! ([`socket::Carrier::KernelRate`]), and compares the metrics with virtual time.
 //!
-//! The harness is [`lab`] (hosts, faults, the run loop), [`link`] and [`socket`] (the emulated
-//! network), [`tcp_link`] (the same links' serialization for turmoil TCP), [`placement`] (hosts
+//! The harness is [`lab`] (hosts, faults, the run loop), [`cpu`] (each host's one CPU, on which
+//! gossip items cost measured time), [`link`] and [`socket`] (the emulated network), [`tcp_link`] (the same links' serialization for turmoil TCP), [`placement`] (hosts
 //! in separate processes, and the logs hosts share), [`scenario`] (scenario files and reports)
 //! and [`stats`] (percentiles, rounding). Every
 //! experiment is one module under [`experiments`], registered in [`EXPERIMENTS`] under the
@@ -24,6 +24,7 @@
 //! ratios' distributions.
 //! [`plot`] draws reports as SVG charts (`meshwire lab plot`).
 
+pub mod cpu;
 pub mod experiments;
 pub mod history;
 pub mod lab;
@@ -38,6 +39,7 @@ pub mod tcp_link;
 
 use std::time::Duration;
 
+pub use cpu::{Cpu, CpuStats, GossipCpu, ItemCosts};
 pub use experiments::{Experiment, RealSockets, Trial, EXPERIMENTS};
 pub use lab::{HostContext, Lab, LabError, LabEvent};
 pub use link::{LinkSpec, Rate};

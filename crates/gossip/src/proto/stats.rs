@@ -49,4 +49,7 @@ pub struct ClassStats {
     pub bytes_sent: u64,
     /// Item bytes received (batch headers excluded).
     pub bytes_received: u64,
+    /// Payload bytes of the artifact copies received (pushes and pulls, duplicates included);
+    /// included in `bytes_received`. What hashing the copies into ids reads.
+    pub payload_bytes_received: u64,
 }

@@ -28,6 +28,17 @@
 //! below restricted to the class, duplicate payloads per artifact, adverts received and bytes
 //! sent per node per second, and publish-to-delivery latency p50/p99.
 //!
+//! # CPU model
+//!
+//! With any `cpu_*_ns` cost set, every node's gossip service charges the [`meshwire_gossip::Work`] of each
+//! inbound batch to its host's CPU ([`crate::cpu`]) at those per-item costs: adverts, requests,
+//! artifact copies (plus their payload hashing per KiB) and validations. The driver handles one
+//! batch at a time and waits for the CPU, so batches queue in the node's inbox while it is busy
+//! and its replies, relays and deliveries leave late. Publishing, sending and the workload's own
+//! tasks (block making) cost nothing. `cpu_busy_ratio_mean`/`_max`: CPU time charged in the
+//! window over the window's length, mean and largest over nodes (1 is a saturated CPU).
+//! Without costs the CPU model is off and these are 0.
+//!
 //! # Floor
 //!
 //! Over the whole run (every artifact is published between `warmup_ms` and the last round and the
@@ -48,6 +59,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -59,6 +71,7 @@ use rand::{Rng, SeedableRng};
 use serde::Deserialize;
 
 use super::Trial;
+use crate::cpu::{Cpu, CpuStats, GossipCpu, ItemCosts};
 use crate::lab::{clock, derive_seed, Lab, TICK};
 use crate::scenario::ScenarioError;
 use crate::stats::{percentile_f64, round_metric, Metrics};
@@ -144,6 +157,9 @@ struct Tally {
     stats_at_end: BTreeMap<usize, BTreeMap<ClassId, ClassStats>>,
     /// Each node's counters at the end of the drain (they start at zero with the node).
     stats_final: BTreeMap<usize, BTreeMap<ClassId, ClassStats>>,
+    /// Each node's CPU counters at the window's start and end.
+    cpu_at_start: BTreeMap<usize, CpuStats>,
+    cpu_at_end: BTreeMap<usize, CpuStats>,
     /// Payload bytes each node published, per class, over the whole run.
     published_bytes: BTreeMap<(usize, ClassId), u64>,
     /// Per class, publish-to-delivery times (ms) of every delivery at every node, for
@@ -232,6 +248,28 @@ pub struct Params {
     pub flush_ms: u64,
     /// Largest artifact the `meshwire` policy pushes whole instead of advertising.
     pub push_whole_max_bytes: u32,
+    /// CPU time of one advert received (module `# CPU model`; all costs 0: no CPU model).
+    pub cpu_advert_ns: u64,
+    /// CPU time of one request received.
+    pub cpu_request_ns: u64,
+    /// CPU time of one artifact copy received, apart from hashing its payload.
+    pub cpu_artifact_ns: u64,
+    /// CPU time of hashing an artifact copy's payload, per KiB.
+    pub cpu_artifact_ns_per_kib: u64,
+    /// CPU time of validating a new artifact.
+    pub cpu_validate_ns: u64,
+}
+
+impl Params {
+    fn item_costs(&self) -> ItemCosts {
+        ItemCosts {
+            advert_ns: self.cpu_advert_ns,
+            request_ns: self.cpu_request_ns,
+            artifact_ns: self.cpu_artifact_ns,
+            artifact_ns_per_kib: self.cpu_artifact_ns_per_kib,
+            validate_ns: self.cpu_validate_ns,
+        }
+    }
 }
 
 impl Default for Params {
@@ -248,6 +286,11 @@ impl Default for Params {
             drain_ms: 2000,
             flush_ms: 20,
             push_whole_max_bytes: 1024,
+            cpu_advert_ns: 0,
+            cpu_request_ns: 0,
+            cpu_artifact_ns: 0,
+            cpu_artifact_ns_per_kib: 0,
+            cpu_validate_ns: 0,
         }
     }
 }
@@ -272,6 +315,7 @@ pub fn run(
     };
     let flush = Duration::from_millis(params.flush_ms);
     let push_max = params.push_whole_max_bytes;
+    let costs = params.item_costs();
     let config = gossip_config(policy, flush, push_max)
         .ok_or_else(|| ScenarioError::failed(case, format!("unknown policy {policy:?}")))?;
     if workload.nodes < 2 || workload.ingress_per_s == 0 || workload.rounds == 0 {
@@ -306,8 +350,16 @@ pub fn run(
             );
             async move {
                 let (node, _) = context.start_node(context.node_config()).await?;
+                let cpu = context.cpu().clone();
+                let processor = (!costs.is_free()).then(|| {
+                    Arc::new(GossipCpu {
+                        cpu: cpu.clone(),
+                        costs,
+                    }) as Arc<dyn meshwire_gossip::Processor>
+                });
                 let settings = GossipSettings {
                     delivered_queue: 16 * 1024,
+                    processor,
                     ..GossipSettings::new(config)
                 };
                 let (gossip, mut delivered) =
@@ -328,6 +380,7 @@ pub fn run(
                 ));
                 tokio::task::spawn_local(run_rounds(
                     gossip.clone(),
+                    cpu,
                     view.clone(),
                     tally.clone(),
                     workload,
@@ -419,6 +472,7 @@ async fn publish_ingress(
 /// Plays the consensus rounds: block making on this node's turns, shares every round.
 async fn run_rounds(
     gossip: GossipService,
+    cpu: Arc<Cpu>,
     view: Rc<RefCell<NodeView>>,
     tally: Rc<RefCell<Tally>>,
     workload: Workload,
@@ -427,10 +481,9 @@ async fn run_rounds(
     for round in 1..=workload.rounds + 1 {
         tokio::time::sleep(workload.round_start(round).saturating_sub(clock())).await;
         if round == 1 {
-            tally
-                .borrow_mut()
-                .stats_at_start
-                .insert(index, gossip.stats());
+            let mut tally = tally.borrow_mut();
+            tally.stats_at_start.insert(index, gossip.stats());
+            tally.cpu_at_start.insert(index, cpu.stats());
         }
         let measured = workload.measured(round);
         let mut published = Vec::new();
@@ -485,10 +538,11 @@ async fn run_rounds(
             }
         }
     }
-    tally
-        .borrow_mut()
-        .stats_at_end
-        .insert(index, gossip.stats());
+    {
+        let mut tally = tally.borrow_mut();
+        tally.stats_at_end.insert(index, gossip.stats());
+        tally.cpu_at_end.insert(index, cpu.stats());
+    }
     // The lab's last step runs one tick before the run's end.
     tokio::time::sleep(workload.end().saturating_sub(TICK).saturating_sub(clock())).await;
     tally.borrow_mut().stats_final.insert(index, gossip.stats());
@@ -541,6 +595,22 @@ fn metrics(tally: &Tally, workload: &Workload) -> Metrics {
         round_metric(complete as f64 / tally.consensus.len().max(1) as f64),
     );
     metrics.insert("nodes_reporting".into(), tally.stats_at_end.len() as f64);
+    let busy: Vec<f64> = tally
+        .cpu_at_end
+        .iter()
+        .map(|(node, end)| {
+            let start = tally.cpu_at_start.get(node).copied().unwrap_or_default();
+            (end.busy - start.busy).as_secs_f64() / window_s
+        })
+        .collect();
+    metrics.insert(
+        "cpu_busy_ratio_mean".into(),
+        round_metric(busy.iter().sum::<f64>() / busy.len().max(1) as f64),
+    );
+    metrics.insert(
+        "cpu_busy_ratio_max".into(),
+        round_metric(busy.iter().copied().fold(0.0, f64::max)),
+    );
     let floor = byte_floor(tally, workload.nodes);
     metrics.insert(
         "distinct_bytes_per_node".into(),
