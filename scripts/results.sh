@@ -4,7 +4,7 @@
 # count, then the criterion benchmarks with their allocation counts, then the HTTP benchmark
 # (bench/http.sh, needs wrk), the object store (bench/store.sh) and the transport against plain
 # quinn (bench/transport.sh, about 30 s).
-# Cost on a 2-core machine (release build, after the build): scenarios about 12 min (ic-gossip 5),
+# Cost on a 2-core machine (release build, after the build): scenarios about 20 min (ic-gossip 13),
 # sweeps about 10 min (each file states its own cost), benchmarks about 3 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
