@@ -212,6 +212,26 @@ pub fn set_tracker(hook: fn() -> bool) {
     TRACKER.store(hook as *mut (), Ordering::SeqCst);
 }
 
+thread_local! {
+    static MARKED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn on_marked_thread() -> bool {
+    MARKED.try_with(Cell::get).unwrap_or(false)
+}
+
+/// Marks the current thread as one whose allocations [`track_marked_threads`] counts: a flood
+/// test's victim thread, or each worker of the victim's runtime (from `on_thread_start`).
+pub fn mark_thread(marked: bool) {
+    MARKED.with(|flag| flag.set(marked));
+}
+
+/// Attributes the allocations of threads marked with [`mark_thread`] to the tracked context
+/// ([`set_tracker`] with a hook that reads the mark). Resets the tracked counters.
+pub fn track_marked_threads() {
+    set_tracker(on_marked_thread);
+}
+
 /// Stops attributing allocations to a tracked context.
 pub fn clear_tracker() {
     TRACKER.store(std::ptr::null_mut(), Ordering::SeqCst);

@@ -1,12 +1,12 @@
 //! One peer floods a gossip node with a million adverts, ihaves, prunes and requests each; the
 //! node's heap, measured with the counting allocator, stays within its configured memory bound.
 
-use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use meshwire_alloc_count::{
-    is_installed, reset_tracked, set_tracker, tracked_live_and_peak, untracked, CountingAllocator,
+    is_installed, mark_thread, reset_tracked, track_marked_threads, tracked_live_and_peak,
+    untracked, CountingAllocator,
 };
 use meshwire_gossip::proto::{
     encode_batch, ArtifactId, ClassId, ClassPolicy, Gossip, GossipConfig, Item, Relay,
@@ -17,15 +17,6 @@ use rand::{Rng, SeedableRng};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
-
-thread_local! {
-    static VICTIM: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Counts only allocations of the thread that runs the victim.
-fn on_victim_thread() -> bool {
-    VICTIM.try_with(Cell::get).unwrap_or(false)
-}
 
 const BLOCK: ClassId = ClassId(2);
 const SHARE: ClassId = ClassId(3);
@@ -62,8 +53,8 @@ fn a_flooding_peer_leaves_the_heap_within_the_configured_bound() {
     let attacker = peers[0];
     let bound = config.memory_bound_bytes(peers.len());
 
-    VICTIM.with(|v| v.set(true));
-    set_tracker(on_victim_thread);
+    mark_thread(true);
+    track_marked_threads();
     reset_tracked();
     let mut now = Instant::now();
     let mut gossip = Gossip::new(config, |_: ClassId, _: &Bytes| true);
@@ -130,7 +121,7 @@ fn a_flooding_peer_leaves_the_heap_within_the_configured_bound() {
         }
     }
     let (live, peak) = tracked_live_and_peak();
-    VICTIM.with(|v| v.set(false));
+    mark_thread(false);
     assert!(peak_accounted <= bound);
     assert!(
         live >= 0,

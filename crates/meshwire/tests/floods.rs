@@ -9,7 +9,6 @@
 
 mod support;
 
-use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -18,21 +17,14 @@ use meshwire::protocols::{ECHO, SERVICES};
 use meshwire::tls::{client_crypto, TlsIdentity};
 use meshwire::{Keypair, Node, NodeConfig, ProtocolId, STOP_STREAM_TIMEOUT};
 use meshwire_alloc_count::{
-    clear_tracker, reset_tracked_peak, set_tracker, tracked_live_and_peak, CountingAllocator,
+    clear_tracker, mark_thread, reset_tracked_peak, track_marked_threads, tracked_live_and_peak,
+    CountingAllocator,
 };
 use support::{config, loopback, PATIENCE};
 use tokio::runtime::Runtime;
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
-
-thread_local! {
-    static VICTIM_THREAD: Cell<bool> = const { Cell::new(false) };
-}
-
-fn on_victim_thread() -> bool {
-    VICTIM_THREAD.try_with(Cell::get).unwrap_or(false)
-}
 
 const UNREAD: ProtocolId = ProtocolId(0x0bad);
 const HOARD: ProtocolId = ProtocolId(0x0bae);
@@ -80,7 +72,7 @@ impl Arena {
     fn new() -> Self {
         // One arena at a time: the tracked context is process-wide.
         let exclusive = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        set_tracker(on_victim_thread);
+        track_marked_threads();
         let mut victim_config = config(1);
         // Unfinished requests are reset after this long (default 30 s; shortened to keep the
         // test short, the bound is the same kind).
@@ -90,10 +82,10 @@ impl Arena {
         let (jobs, mut job_rx) = tokio::sync::mpsc::unbounded_channel::<VictimJob>();
         let victim_settings = victim_config.clone();
         let victim_thread = std::thread::spawn(move || {
-            VICTIM_THREAD.with(|flag| flag.set(true));
+            mark_thread(true);
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
-                .on_thread_start(|| VICTIM_THREAD.with(|flag| flag.set(true)))
+                .on_thread_start(|| mark_thread(true))
                 .build()
                 .unwrap();
             rt.block_on(async move {

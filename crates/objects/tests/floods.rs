@@ -18,7 +18,8 @@ use meshwire::protocols::{
 };
 use meshwire::{Keypair, Limits, Node, NodeConfig, PeerId, ProtocolId, RequestError};
 use meshwire_alloc_count::{
-    clear_tracker, reset_tracked_peak, set_tracker, tracked_live_and_peak, CountingAllocator,
+    clear_tracker, mark_thread, reset_tracked_peak, track_marked_threads, tracked_live_and_peak,
+    CountingAllocator,
 };
 use meshwire_objects::net::{Daemon, ObjectConfig};
 use meshwire_objects::proto::cas::{self, Phase, Precondition};
@@ -28,14 +29,6 @@ use tokio::runtime::Runtime;
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
-
-thread_local! {
-    static VICTIM_THREAD: Cell<bool> = const { Cell::new(false) };
-}
-
-fn on_victim_thread() -> bool {
-    VICTIM_THREAD.try_with(Cell::get).unwrap_or(false)
-}
 
 const MIB: f64 = 1024.0 * 1024.0;
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -103,14 +96,14 @@ impl Arena {
     /// the victim's limits refuse.
     fn new(flooder_seed: u8, flooder_limits: Limits) -> Self {
         let exclusive = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        set_tracker(on_victim_thread);
+        track_marked_threads();
         let (node_tx, node_rx) = std::sync::mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let victim_thread = std::thread::spawn(move || {
-            VICTIM_THREAD.with(|flag| flag.set(true));
+            mark_thread(true);
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
-                .on_thread_start(|| VICTIM_THREAD.with(|flag| flag.set(true)))
+                .on_thread_start(|| mark_thread(true))
                 .build()
                 .unwrap();
             rt.block_on(async move {

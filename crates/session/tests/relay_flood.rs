@@ -6,7 +6,6 @@
 //! allocator's tracked context. `MESHWIRE_FLOOD_MESSAGES` sets the flood size (default 20,000).
 #![cfg(feature = "net")]
 
-use std::cell::Cell;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -15,21 +14,14 @@ use bytes::Bytes;
 use meshwire::protocols::SESSION_RELAY;
 use meshwire::{Keypair, Node, NodeConfig, RequestError};
 use meshwire_alloc_count::{
-    clear_tracker, reset_tracked_peak, set_tracker, tracked_live_and_peak, CountingAllocator,
+    clear_tracker, mark_thread, reset_tracked_peak, track_marked_threads, tracked_live_and_peak,
+    CountingAllocator,
 };
 use meshwire_session::net::{SessionHost, SessionSettings};
 use meshwire_session::proto::route::{RelayOp, RelayReply, RelayRequest};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
-
-thread_local! {
-    static VICTIM_THREAD: Cell<bool> = const { Cell::new(false) };
-}
-
-fn on_victim_thread() -> bool {
-    VICTIM_THREAD.try_with(Cell::get).unwrap_or(false)
-}
 
 const MIB: f64 = 1024.0 * 1024.0;
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -53,11 +45,11 @@ fn flood_messages() -> usize {
 
 #[test]
 fn a_peer_flooding_relay_requests_gets_its_share_and_no_more() {
-    set_tracker(on_victim_thread);
+    track_marked_threads();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let relay_thread = std::thread::spawn(move || {
-        VICTIM_THREAD.with(|flag| flag.set(true));
+        mark_thread(true);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
