@@ -67,6 +67,31 @@ impl Node {
 }
 
 impl Inner {
+    /// Refuses a request whose body is left unread: asks the peer to stop sending it and
+    /// answers with an error of `code`.
+    async fn refuse_unread(
+        &self,
+        send: &mut SendStream,
+        recv: &mut RecvStream,
+        remote: PeerId,
+        code: ErrorCode,
+        text: &str,
+    ) {
+        let _ = recv.stop(VarInt::from_u32(0));
+        let reply = wire::encode_error_payload(code, text);
+        let limits = self.config.limits;
+        self.respond(
+            send,
+            remote,
+            Kind::ErrorResponse,
+            ProtocolId(0),
+            0,
+            reply,
+            &limits,
+        )
+        .await;
+    }
+
     pub(super) async fn serve_request(
         self: Arc<Self>,
         connection: Connection,
@@ -103,19 +128,12 @@ impl Inner {
             }
             Ok(Ok(Some(None))) => {
                 self.metrics.drop_message("request_budget");
-                let _ = recv.stop(VarInt::from_u32(0));
-                let reply = wire::encode_error_payload(
+                self.refuse_unread(
+                    &mut send,
+                    &mut recv,
+                    remote,
                     ErrorCode::Handler,
                     "busy: the inbound request budget is full, retry later",
-                );
-                self.respond(
-                    &mut send,
-                    remote,
-                    Kind::ErrorResponse,
-                    ProtocolId(0),
-                    0,
-                    reply,
-                    &limits,
                 )
                 .await;
                 return;
@@ -128,16 +146,12 @@ impl Inner {
             Ok(Err(ReadFrameError::Stream(_))) => return,
             Ok(Err(ReadFrameError::Wire(error @ WireError::PayloadTooLarge { .. }))) => {
                 self.metrics.frame_error("too_large");
-                let _ = recv.stop(VarInt::from_u32(0));
-                let reply = wire::encode_error_payload(ErrorCode::TooLarge, &error.to_string());
-                self.respond(
+                self.refuse_unread(
                     &mut send,
+                    &mut recv,
                     remote,
-                    Kind::ErrorResponse,
-                    ProtocolId(0),
-                    0,
-                    reply,
-                    &limits,
+                    ErrorCode::TooLarge,
+                    &error.to_string(),
                 )
                 .await;
                 return;
