@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cross-check the lab on the real kernel: every host of a scenario case runs as its own process
 # (`meshwire lab host`) in its own network namespace, and the metrics come out next to the same
-# scenario in virtual time, with their ratio; they must agree within 10%.
+# scenario in virtual time, with their ratio; they must agree within 10% (a few real-time tails
+# and pipelined rates within 25%).
 #
 # Topology: one namespace holds a bridge; each host's namespace has a veth (eth0, 10.77.0.N/24,
 # MTU 1600 for the lab's 1501-byte packets) whose peer is a bridge port. The port's egress towards
@@ -18,7 +19,8 @@
 # under `meshwire` (one batch at a time: about 150 s of modelled compute) is skipped by default to
 # keep the cost down; NETNS_LAB_SKIP="" runs it too.
 #
-# A few metrics are shown but not judged, for the reasons given where `not_judged` is set below.
+# A few metrics are shown but not judged, and a few judged within 25%, for the reasons given where
+# `not_judged` and `tolerance_for` are set below.
 #
 # Cost: under 3 minutes: 152-162 s measured on a 2-core machine (shared with other builds), after
 # the release build of meshwire (reused when current; several minutes from scratch). Needs root,
@@ -66,10 +68,23 @@ not_judged=(
   "transfer-bound-standard-window/hop_transfer_ms_p99"
   "transfer-bound-standard-window/hop_p50_over_floor"
   "transfer-bound-standard-window/hop_p99_over_floor"
-  # 20 pipelined batches take about 1 s, and every one crosses five hops whose real-time waits end
-  # on millisecond ticks, so a few milliseconds per hop move the rate by several percent: 18.30
-  # against 20.41 in one run (0.897), within 10% in another.
-  "transfer-bound/meshwire-pipelined/batches_per_s"
+)
+# Judged within 25%, each for a reason that is real time's, not the emulation's error. A hop in
+# virtual time costs no CPU and its timers fire on the exact tick; in real time five host
+# processes share the machine's cores, every hop pays for its packets' crypto and copies, and each
+# timer wait ends on a later millisecond tick.
+tolerance_for=(
+  # The tail of about 100 hop times is their slowest, whichever waited longest for a core: hop p99
+  # 1.096-1.111 x the virtual one on the idle 2-core machine, 1.121-1.186 on CI's machine, whose
+  # p50 stayed within 10% (1.071-1.099). A wrong link rate or delay moves p50 as well.
+  "hop_transfer_ms_p99=0.25"
+  "hop_p99_over_floor=0.25"
+  # 20 pipelined batches take about 1 s, and every one crosses five hops, so a few milliseconds per
+  # hop move the rate by several percent: transfer-bound 18.30-18.63 against 20.41 (0.897-0.913),
+  # 16.33 on CI's machine (0.800); with the standard window 10.50-10.94 against 11.99
+  # (0.875-0.913).
+  "transfer-bound/meshwire-pipelined/batches_per_s=0.25"
+  "transfer-bound-standard-window/meshwire-pipelined/batches_per_s=0.25"
 )
 
 # The most hosts any case needs.
@@ -188,6 +203,9 @@ for file in "${scenarios[@]}"; do
   ignore=()
   for entry in "${not_judged[@]}"; do
     ignore+=(--ignore "$entry")
+  done
+  for entry in "${tolerance_for[@]}"; do
+    ignore+=(--tolerance-for "$entry")
   done
   "$bin" lab compare "$work/$name.virtual.json" "$work/$name.netns.json" --names virtual,netns \
     --tolerance "$tolerance" "${ignore[@]}" || status=1

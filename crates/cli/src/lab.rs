@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use meshwire_lab::plot::PlotInput;
-use meshwire_lab::scenario::format_number;
+use meshwire_lab::scenario::{format_number, MetricComparison};
 use meshwire_lab::{
     experiments, run_host, run_scenario_observed, Mode, Placement, Rate, Report, RunEvent,
     ScenarioFile, Sweep, EXPERIMENTS,
@@ -67,6 +67,10 @@ pub enum LabCommand {
         /// Metrics shown but not judged (repeatable): METRIC, CASE/METRIC or CASE/POLICY/METRIC.
         #[arg(long)]
         ignore: Vec<String>,
+        /// A metric judged with its own tolerance (repeatable): ENTRY=FRACTION, ENTRY named as
+        /// for --ignore. The first entry that names a metric wins.
+        #[arg(long, value_name = "ENTRY=FRACTION", value_parser = parse_tolerance_for)]
+        tolerance_for: Vec<(String, f64)>,
     },
     /// For scripts: one tab-separated line per case and policy of a scenario file: case,
     /// policy, the case's hosts ("-" when the policy needs virtual time), the case link's bit
@@ -238,7 +242,17 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
             names,
             tolerance,
             ignore,
-        } => compare(&base, &other, &names, tolerance, &ignore),
+            tolerance_for,
+        } => compare(
+            &base,
+            &other,
+            &names,
+            &Judging {
+                tolerance,
+                ignore,
+                tolerance_for,
+            },
+        ),
         LabCommand::Plan { file } => {
             let scenario = ScenarioFile::load(&file)?;
             let experiment = experiments::find(&scenario.kind)
@@ -544,14 +558,53 @@ fn parse_hosts(text: &str) -> anyhow::Result<BTreeMap<String, IpAddr>> {
         .collect()
 }
 
-/// Prints two reports side by side and fails if a judged metric is out of tolerance.
-fn compare(
-    base: &Path,
-    other: &Path,
-    names: &str,
+/// How `lab compare` judges a metric: not at all, with its own tolerance, or with the default.
+struct Judging {
     tolerance: f64,
-    ignore: &[String],
-) -> anyhow::Result<()> {
+    ignore: Vec<String>,
+    tolerance_for: Vec<(String, f64)>,
+}
+
+impl Judging {
+    /// Whether `entry` (METRIC, CASE/METRIC or CASE/POLICY/METRIC) names `row`'s metric.
+    fn names(entry: &str, row: &MetricComparison) -> bool {
+        *entry == row.metric
+            || *entry == format!("{}/{}", row.case, row.metric)
+            || *entry == format!("{}/{}/{}", row.case, row.policy, row.metric)
+    }
+
+    /// The tolerance `row` is judged with, or `None` when it is shown but not judged.
+    fn tolerance(&self, row: &MetricComparison) -> Option<f64> {
+        if self.ignore.iter().any(|entry| Self::names(entry, row)) {
+            return None;
+        }
+        Some(
+            self.tolerance_for
+                .iter()
+                .find(|(entry, _)| Self::names(entry, row))
+                .map_or(self.tolerance, |&(_, tolerance)| tolerance),
+        )
+    }
+}
+
+/// `--tolerance-for ENTRY=FRACTION`.
+fn parse_tolerance_for(text: &str) -> Result<(String, f64), String> {
+    let (entry, fraction) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not ENTRY=FRACTION"))?;
+    let fraction: f64 = fraction
+        .parse()
+        .map_err(|_| format!("{fraction:?} is not a number"))?;
+    if entry.is_empty() || !(fraction.is_finite() && fraction >= 0.0) {
+        return Err(format!(
+            "{text:?}: needs a metric and a fraction of at least 0"
+        ));
+    }
+    Ok((entry.to_string(), fraction))
+}
+
+/// Prints two reports side by side and fails if a judged metric is out of its tolerance.
+fn compare(base: &Path, other: &Path, names: &str, judging: &Judging) -> anyhow::Result<()> {
     let read = |path: &Path| -> anyhow::Result<Report> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
@@ -566,21 +619,22 @@ fn compare(
     let mut outside = Vec::new();
     for row in base.compare(&other) {
         let verdict = if row.base.is_none() || row.other.is_none() {
-            "only in one"
-        } else if ignore.iter().any(|entry| {
-            *entry == row.metric
-                || *entry == format!("{}/{}", row.case, row.metric)
-                || *entry == format!("{}/{}/{}", row.case, row.policy, row.metric)
-        }) {
-            "not judged"
-        } else {
+            "only in one".to_string()
+        } else if let Some(tolerance) = judging.tolerance(&row) {
             judged += 1;
-            if row.within(tolerance) {
+            let ok = if row.within(tolerance) {
                 "ok"
             } else {
                 outside.push(format!("{}/{}/{}", row.case, row.policy, row.metric));
                 "OUTSIDE"
+            };
+            if tolerance == judging.tolerance {
+                ok.to_string()
+            } else {
+                format!("{ok} (within {:.0}%)", tolerance * 100.0)
             }
+        } else {
+            "not judged".to_string()
         };
         println!(
             "| {} | {} | {} | {} | {} | {} | {} |",
@@ -594,20 +648,22 @@ fn compare(
             verdict
         );
     }
+    let within = if judging.tolerance_for.is_empty() {
+        format!("within {:.0}%", judging.tolerance * 100.0)
+    } else {
+        format!(
+            "within {:.0}% (or their own tolerance)",
+            judging.tolerance * 100.0
+        )
+    };
     println!(
-        "\n{} of {judged} compared metrics within {:.0}%",
-        judged - outside.len(),
-        tolerance * 100.0
+        "\n{} of {judged} compared metrics {within}",
+        judged - outside.len()
     );
     if outside.is_empty() {
         Ok(())
     } else {
-        anyhow::bail!(
-            "{} outside {:.0}%: {}",
-            outside.len(),
-            tolerance * 100.0,
-            outside.join(", ")
-        )
+        anyhow::bail!("{} outside: {}", outside.len(), outside.join(", "))
     }
 }
 
@@ -620,4 +676,47 @@ pub fn scenario_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(case: &str, policy: &str, metric: &str) -> MetricComparison {
+        MetricComparison {
+            case: case.to_string(),
+            policy: policy.to_string(),
+            metric: metric.to_string(),
+            base: Some(1.0),
+            other: Some(1.2),
+        }
+    }
+
+    #[test]
+    fn a_metric_is_ignored_or_judged_with_the_first_tolerance_that_names_it() {
+        let judging = Judging {
+            tolerance: 0.1,
+            ignore: vec!["a/p/x".to_string()],
+            tolerance_for: vec![
+                ("a/x".to_string(), 0.25),
+                ("x".to_string(), 0.5),
+                ("a/p/x".to_string(), 0.9),
+            ],
+        };
+        assert_eq!(judging.tolerance(&row("a", "p", "x")), None);
+        assert_eq!(judging.tolerance(&row("a", "q", "x")), Some(0.25));
+        assert_eq!(judging.tolerance(&row("b", "p", "x")), Some(0.5));
+        assert_eq!(judging.tolerance(&row("b", "p", "y")), Some(0.1));
+    }
+
+    #[test]
+    fn tolerance_for_refuses_what_is_not_entry_equals_fraction() {
+        assert_eq!(
+            parse_tolerance_for("a/p/x=0.25"),
+            Ok(("a/p/x".to_string(), 0.25))
+        );
+        for bad in ["x", "x=", "=0.2", "x=-1", "x=nan", "x=y"] {
+            assert!(parse_tolerance_for(bad).is_err(), "{bad} accepted");
+        }
+    }
 }
