@@ -16,7 +16,8 @@ pub use service::{
     SystemClock, WriteOutcome,
 };
 pub use store::{
-    Store, StoreError, StoredObject, DEFAULT_MEMORY_BYTES as DEFAULT_STORE_MEMORY_BYTES,
+    CommitCounts, Store, StoreError, StoredObject,
+    DEFAULT_MEMORY_BYTES as DEFAULT_STORE_MEMORY_BYTES,
 };
 pub use topics::{
     EndReason, Published, Subscription, SubscriptionItem, TopicEvent, TopicInfo, TopicPolicy,

@@ -412,6 +412,17 @@ impl ObjectService {
                 "Latency of successful quorum writes, from the request to W acknowledgements",
                 metrics.write_seconds.clone(),
             );
+            let counts = service.inner.store.commit_counts();
+            registry.register(
+                "object_store_commits",
+                "Durable write transactions of the local store (concurrent writes share one)",
+                counts.commits.clone(),
+            );
+            registry.register(
+                "object_store_committed_writes",
+                "Objects written by those transactions",
+                counts.writes.clone(),
+            );
             registry.register(
                 "object_read_repairs",
                 "Stale replicas sent the winning copy after a read",

@@ -24,6 +24,10 @@
 //! objects as shared buffers, so many readers of one large object share one copy (the 250-reader
 //! test in `bench/http.sh`). An object larger than a quarter of the object cache is not cached.
 //!
+//! **Group commit.** Concurrent writes ([`Store::put`], [`Store::put_if`]) share one durable
+//! transaction: a writer that finds a commit running queues behind it, and the next commit takes
+//! every queued write (see `store/group.rs`). A lone write commits alone at once.
+//!
 //! **Crash recovery.** Every write transaction uses redb's quick repair: the allocator state is
 //! saved with each commit, so opening the store after a crash does not rescan the whole file.
 //!
@@ -40,7 +44,10 @@ use crate::proto::cas::Precondition;
 use crate::proto::entropy::wins;
 use crate::proto::object::{content_hash, Stamp};
 use bytes::{Bytes, BytesMut};
+use prometheus_client::metrics::counter::Counter;
 use redb::{ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle};
+
+mod group;
 
 const HEADERS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("objects.v2");
 const CHUNKS: TableDefinition<'_, (&str, u32), &[u8]> = TableDefinition::new("chunks.v2");
@@ -190,6 +197,24 @@ impl Cache {
 pub struct Store {
     db: redb::Database,
     cache: Mutex<Cache>,
+    group: group::Group,
+    counts: CommitCounts,
+}
+
+/// Counts of the store's durable write transactions, shared with the metrics registry.
+#[derive(Debug, Clone, Default)]
+pub struct CommitCounts {
+    /// Write transactions committed (a group of concurrent writes, or a batch, commits once).
+    pub commits: Counter,
+    /// Objects those transactions wrote.
+    pub writes: Counter,
+}
+
+impl CommitCounts {
+    fn committed(&self, writes: usize) {
+        self.commits.inc();
+        self.writes.inc_by(writes as u64);
+    }
 }
 
 /// Default memory budget of the store: half for redb's page cache, half for the object cache.
@@ -240,6 +265,8 @@ impl Store {
                 entries: HashMap::new(),
                 order: VecDeque::new(),
             }),
+            group: group::Group::default(),
+            counts: CommitCounts::default(),
         };
         store.migrate_legacy()?;
         Ok(store)
@@ -396,18 +423,15 @@ impl Store {
         content: Bytes,
         precondition: Option<Precondition>,
     ) -> Result<Result<Stamp, Option<Stamp>>, StoreError> {
-        let txn = write_txn(&self.db)?;
-        let result = {
-            let mut tables = Tables::open(&txn)?;
-            tables.apply(key, stamp, &content, precondition)?
-        };
-        if result.is_err() {
-            // Nothing was written: the transaction is dropped, not committed.
-            return Ok(result);
-        }
-        txn.commit()?;
-        self.cache().insert(key, StoredObject { stamp, content });
-        Ok(result)
+        self.group.write(
+            self,
+            group::Write {
+                key: key.to_string(),
+                stamp,
+                content,
+                precondition,
+            },
+        )
     }
 
     /// Stores each `(key, stamp, content)` that wins over the stored copy, as [`Store::put`]
@@ -416,16 +440,21 @@ impl Store {
     pub fn put_batch(&self, copies: &[(String, Stamp, Bytes)]) -> Result<Vec<Stamp>, StoreError> {
         let txn = write_txn(&self.db)?;
         let mut held = Vec::with_capacity(copies.len());
+        let mut written = 0;
         {
             let mut tables = Tables::open(&txn)?;
             for (key, stamp, content) in copies {
                 held.push(match tables.apply(key, *stamp, content, None)? {
-                    Ok(stamp) => stamp,
+                    Ok(stamp) => {
+                        written += 1;
+                        stamp
+                    }
                     Err(current) => current.unwrap_or(*stamp),
                 });
             }
         }
         txn.commit()?;
+        self.counts.committed(written);
         let mut cache = self.cache();
         for ((key, stamp, content), now) in copies.iter().zip(&held) {
             if now == stamp {
@@ -439,6 +468,11 @@ impl Store {
             }
         }
         Ok(held)
+    }
+
+    /// The counts of durable write transactions (for the metrics registry: clones share them).
+    pub fn commit_counts(&self) -> &CommitCounts {
+        &self.counts
     }
 
     /// Calls `visit` with the key, stamp and content length of every object, in key order,
