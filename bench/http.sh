@@ -112,15 +112,23 @@ curl -fs "$front/objects/wallet" | cmp - "$work/wallet"
 echo "== 3 nodes (R=3, W=2, read quorum 2), quorum GET 4 KiB through one node: wrk -t2 -c10 -d${duration}s --latency"
 wrk -t2 -c10 -d"${duration}s" --latency "$front/objects/wallet"
 
+# Each wrk thread writes its own 1,000 keys: with one shared key sequence the two threads wrote
+# the same key at the same moment, and the older of two such writes is superseded on the replicas
+# (503 quorum_not_reached: the write API in crates/objects/src/lib.rs), which measured write races rather than write throughput.
 cat > "$work/put.lua" <<'LUA'
 wrk.method = "PUT"
 local f = io.open(os.getenv("WALLET"), "rb")
 wrk.body = f:read("*a")
 f:close()
+local threads = 0
+setup = function(thread)
+  threads = threads + 1
+  thread:set("id", threads)
+end
 counter = 0
 request = function()
   counter = counter + 1
-  return wrk.format(nil, "/objects/put-" .. counter % 1000)
+  return wrk.format(nil, "/objects/put-" .. id .. "-" .. counter % 1000)
 end
 LUA
 echo "== 3 nodes (R=3, W=2), PUT 4 KiB through one node: wrk -t2 -c10 -d${duration}s --latency"
