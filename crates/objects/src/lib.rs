@@ -27,7 +27,8 @@
 //!   (`meshwire node` warns so at start). Objects are placed on, replicated to, fetched from and repaired from members
 //!   only. A connected non-member may use every other protocol, but never enters placement, and
 //!   its `STORE`, `FETCH` and conditional-write requests get a typed refusal (`not_member`), counted in
-//!   `meshwire_object_refused_requests_total{reason}` and logged at warn with its PeerId. A request
+//!   `meshwire_object_refused_requests_total{reason}` and logged at warn with its PeerId (once a
+//!   minute per peer and reason, with how many went unlogged since; at debug in between). A request
 //!   that does not decode gets an error answer and is counted there as `malformed` (logged at
 //!   debug); like a malformed digest exchange it costs its request stream, not the connection.
 //! - Replicas: the R heaviest members under rendezvous hashing (`SHA-256(key ‖ peer id)`), connected

@@ -66,6 +66,7 @@ mod metrics;
 mod read;
 mod serve;
 mod store_calls;
+mod warn_limit;
 
 pub use drive::ReplicaError;
 use drive::{drive, now, Leftover};
@@ -353,6 +354,8 @@ struct Inner {
     /// Per peer, the bucket count its last anti-entropy answer called for (raised when a bucket
     /// was too large to list whole).
     entropy_buckets: Mutex<HashMap<PeerId, usize>>,
+    /// When a refused request from a peer was last logged at warn ([`warn_limit`]).
+    refusal_warnings: Mutex<warn_limit::WarnLimit<(PeerId, &'static str)>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -387,6 +390,7 @@ impl ObjectService {
                 rng: Mutex::new(rng),
                 metrics: ObjectMetrics::default(),
                 entropy_buckets: Mutex::new(HashMap::new()),
+                refusal_warnings: Mutex::new(warn_limit::WarnLimit::default()),
             }),
         };
         service.set_members(options.members);

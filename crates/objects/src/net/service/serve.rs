@@ -77,16 +77,26 @@ impl ObjectService {
         HandlerError::Malformed(Box::new(error))
     }
 
-    /// Counts and logs a request from `peer` refused for `reason`.
+    /// Counts and logs a request from `peer` refused for `reason`: at warn once a minute per peer
+    /// and reason (with how many were not logged at warn since), else at debug.
     pub(super) fn count_refused_request(&self, peer: PeerId, key: &str, reason: Refusal) {
+        let reason = reason.name();
         self.inner
             .metrics
             .refused_requests
-            .get_or_create(&ReasonLabel {
-                reason: reason.name(),
-            })
+            .get_or_create(&ReasonLabel { reason })
             .inc();
-        tracing::warn!(%peer, %key, reason = reason.name(), "object request refused");
+        let now_ms = self.inner.physical.now_ms();
+        match lock(&self.inner.refusal_warnings).check((peer, reason), now_ms) {
+            Some(0) => tracing::warn!(%peer, %key, reason, "object request refused"),
+            Some(unlogged) => tracing::warn!(
+                %peer,
+                %key,
+                reason,
+                "object request refused ({unlogged} more from this peer for this reason since the last warning)"
+            ),
+            None => tracing::debug!(%peer, %key, reason, "object request refused"),
+        }
     }
 
     /// Lets a request from `peer` sent at `clock` (carrying `stamp`, for a store) through the
