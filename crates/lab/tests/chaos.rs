@@ -91,6 +91,8 @@ fn write_result(
         Err(ObjectServiceError::Conflict { .. }) => WriteResult::NotApplied("409"),
         Err(ObjectServiceError::NotApplied { .. }) => WriteResult::NotApplied("503_not_applied"),
         Err(ObjectServiceError::WriteUnconfirmed { .. }) => WriteResult::Unknown("503"),
+        // Lost to a newer write: judged as unknown, the weakest claim the checker can make.
+        Err(ObjectServiceError::Superseded { .. }) => WriteResult::Unknown("409_superseded"),
         Err(_) => WriteResult::Unknown("error"),
     }
 }

@@ -55,7 +55,10 @@
 //!   which is not an ack. **`201` means durable on W replicas.** The remaining replicas finish in
 //!   the background. **`503 quorum_not_reached` on a write means the outcome is unknown**: fewer than
 //!   W acks arrived by the deadline, but replicas that stored the copy keep it, so it may still be
-//!   read later (Dynamo's semantics: retry with the same content, or read to find out).
+//!   read later (Dynamo's semantics: retry with the same content, or read to find out). When so
+//!   many replicas answered *superseded* that W acks became impossible, a newer write of the key
+//!   won and this one will not be read: **`409 superseded`**, not to be retried unchanged, since a
+//!   retry would overwrite the newer write.
 //! - Compare-and-set (`PUT` with `If-Match` / `If-None-Match: *`, [`proto::cas`]): two phases.
 //!   Every replica is asked to *prepare* (check the precondition against its store, and hold the
 //!   copy unless another conditional write is pending on the key): first the first reachable
@@ -124,7 +127,7 @@
 //! | `GET /objects/{key}?local=true` or header `x-meshwire-read: local` | this node's copy only |
 //! | `GET /status` | peer id, peers (connected, configured, RTT, queued messages/bytes, latency estimate, error rate), store size, quorum settings, `members` (the cluster, this node included), `max_clock_skew_ms` |
 //! | `GET /peers` | the peers list of `/status` |
-//! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 when `Accept` prefers `application/openmetrics-text` (node metrics plus `meshwire_object_reads_total{outcome}`, `meshwire_object_writes_total{outcome}` (`ok`, `quorum_not_reached`, `precondition_failed`, `conflict`, `error`), `meshwire_object_read_duration_seconds` and `meshwire_object_write_duration_seconds` (histograms of successful operations), `meshwire_start_time_seconds`, `meshwire_object_store_commits_total` and `meshwire_object_store_committed_writes_total` (durable write transactions of the local store and the objects they wrote: concurrent writes share one), `meshwire_object_read_repairs_total`, `meshwire_object_read_requests_total`, `meshwire_object_refused_requests_total{reason}`, `meshwire_object_refused_answers_total{reason}` with reasons `not_member`, `clock_skew`, `version_limit` (and `malformed` for requests), the anti-entropy metrics `meshwire_object_anti_entropy_rounds_total`, `..._exchanges_total{outcome}` (`in_sync`, `repaired`, `unrepaired`, `failed`), `..._repaired_keys_total{direction}` (`pulled`, `pushed`), `..._sent_bytes_total`, `..._received_bytes_total`, `..._errors_total{reason}`, `..._scan_seconds`, `meshwire_http_refused_total{reason}`, `meshwire_http_connections`) |
+//! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 when `Accept` prefers `application/openmetrics-text` (node metrics plus `meshwire_object_reads_total{outcome}`, `meshwire_object_writes_total{outcome}` (`ok`, `quorum_not_reached`, `superseded`, `precondition_failed`, `conflict`, `error`), `meshwire_object_read_duration_seconds` and `meshwire_object_write_duration_seconds` (histograms of successful operations), `meshwire_start_time_seconds`, `meshwire_object_store_commits_total` and `meshwire_object_store_committed_writes_total` (durable write transactions of the local store and the objects they wrote: concurrent writes share one), `meshwire_object_read_repairs_total`, `meshwire_object_read_requests_total`, `meshwire_object_refused_requests_total{reason}`, `meshwire_object_refused_answers_total{reason}` with reasons `not_member`, `clock_skew`, `version_limit` (and `malformed` for requests), the anti-entropy metrics `meshwire_object_anti_entropy_rounds_total`, `..._exchanges_total{outcome}` (`in_sync`, `repaired`, `unrepaired`, `failed`), `..._repaired_keys_total{direction}` (`pulled`, `pushed`), `..._sent_bytes_total`, `..._received_bytes_total`, `..._errors_total{reason}`, `..._scan_seconds`, `meshwire_http_refused_total{reason}`, `meshwire_http_connections`) |
 //! | `GET /dashboard` | the live dashboard: one static HTML page, open without the token; it reads the token from `#token=` in its URL |
 //! | `GET /dashboard/data` | `{now_unix_seconds, status, metrics}`: the `/status` body and every `/metrics` sample as `{name, labels, value}` (what the dashboard and `meshwire status` poll) |
 //! | `GET /topics` | the node's topics: `name`, `class`, `relay`, `max_bytes`, `push_whole_max_bytes`, `latency_sensitive`, `expiry_ms`, `subscribers` (when the daemon runs topics, as `meshwire node` does) |
@@ -147,6 +150,7 @@
 //! | 405 | `method_not_allowed` | a method the route does not serve (header `Allow`) | |
 //! | 408 | `body_timeout` | the body paused too long or arrived too slowly; the connection closes | `reason` |
 //! | 409 | `conflict` | a conditional write: other conditional writes on the key held too many replicas; nothing was written, retry | `needed`, `prepared` |
+//! | 409 | `superseded` | a write: a newer write of the key won on so many replicas that W acks became impossible; this write will not be read, so do not retry it unchanged (that would overwrite the newer one) | `needed`, `reached` (acks), `asked`, `superseded`, `outcome: "superseded"` |
 //! | 412 | `precondition_failed` | a conditional write: a replica's current copy does not match; nothing was written | `current_etag` (newest reported, or null) |
 //! | 413 | `too_large` | body over `max_object_bytes` (a topic: over its `max_bytes`) | `max_bytes` |
 //! | 503 | `quorum_not_reached` | a read: fewer replicas answered than the read quorum before the deadline | `needed`, `reached`, `asked` |

@@ -399,3 +399,48 @@ async fn changing_the_member_list_reshuffles_placement() {
     assert_eq!(daemon.service().replicas("k0"), vec![me]);
     daemon.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_write_that_lost_to_a_newer_one_on_the_replicas_is_superseded_not_unknown() {
+    let nodes = [start(None).await, start(None).await, start(None).await];
+    let all = [&nodes[0], &nodes[1], &nodes[2]];
+    let members = ids(&all);
+    for daemon in all {
+        daemon.service().set_members(members.iter().copied());
+    }
+    mesh(&all).await;
+    let [coordinator, b, c] = &nodes;
+
+    // A newer write of the key (a second ahead, within the accepted skew) reached two of the
+    // three replicas, but not yet the coordinator. (Their answers carry their clocks, so the
+    // coordinator's next write of any key would be newer still: one write is judged.)
+    let newer = clock::timestamp(SystemClock.now_ms() + 1_000, 0);
+    for replica in [b, c] {
+        let answer = raw_store(coordinator, replica, newer, "h", newer, b"newer").await;
+        assert!(answer.answer.is_ok(), "{:?}", answer.answer);
+    }
+
+    let (status, body) = http(
+        coordinator.http_address().unwrap(),
+        "PUT",
+        "/objects/h",
+        b"older",
+    )
+    .await;
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "superseded");
+    assert_eq!(body["outcome"], "superseded");
+    assert_eq!(body["superseded"], 2);
+    let metrics = coordinator.node().metrics().encode_text();
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line == "meshwire_object_writes_total{outcome=\"superseded\"} 1"),
+        "{metrics}"
+    );
+
+    // Reads through the coordinator return the newer copy.
+    let read = coordinator.service().get("h").await.unwrap();
+    assert_eq!(read.object.content, "newer");
+}

@@ -25,7 +25,9 @@
 //!   replicas acked, each after a durable commit: `201` means durable on W replicas. Requests
 //!   still in flight then finish in the background, so every live replica ends up with the copy.
 //!   Fewer than W acks by the deadline is [`ObjectServiceError::WriteUnconfirmed`]: the outcome is
-//!   unknown, since the replicas that got the copy keep it and a later read may return it.
+//!   unknown, since the replicas that got the copy keep it and a later read may return it. If
+//!   replicas holding a newer copy leave fewer than W that could ack, the write lost to a newer
+//!   one ([`ObjectServiceError::Superseded`]): it will not be read.
 //! - **Read** (`get`): a [`QuorumPlan`] (policy from the
 //!   configuration, hedged by default) asks replicas for *metadata* (version and hash) and returns
 //!   at quorum. An answer whose clock or version is beyond the accepted skew counts as that
@@ -206,6 +208,24 @@ pub enum ObjectServiceError {
         /// Replicas asked.
         asked: usize,
         /// Replicas that answered they hold a winning copy instead.
+        superseded: usize,
+    },
+    /// A newer write of the key won on so many replicas that this write could not reach W acks:
+    /// it will not be read (a read quorum meets a replica holding the newer copy, and anti-entropy
+    /// spreads that copy), so it must not be retried as if its outcome were unknown: retrying
+    /// would overwrite the newer write.
+    #[error(
+        "superseded: a newer write of this key won on {superseded} of {asked} replicas, so this \
+         write cannot reach {needed} acks ({acks} acked)"
+    )]
+    Superseded {
+        /// Acks needed.
+        needed: usize,
+        /// Acks received.
+        acks: usize,
+        /// Replicas asked.
+        asked: usize,
+        /// Replicas that answered they hold a winning copy.
         superseded: usize,
     },
     /// An `If-Match` or `If-None-Match` header is not one this API takes.
@@ -667,6 +687,7 @@ impl ObjectService {
                 "ok"
             }
             Err(ObjectServiceError::WriteUnconfirmed { .. }) => "quorum_not_reached",
+            Err(ObjectServiceError::Superseded { .. }) => "superseded",
             Err(_) => "error",
         };
         self.count_write(label);
@@ -764,11 +785,23 @@ impl ObjectService {
         };
         let (acks, outcome) = drive(&self.inner.scores, plan, ask, Leftover::Finish).await;
         if !outcome.reached(quorum) {
-            return Err(ObjectServiceError::WriteUnconfirmed {
-                needed: quorum,
-                acks: outcome.answers,
-                asked: outcome.asked,
-                superseded: superseded.load(Ordering::Relaxed),
+            let superseded = superseded.load(Ordering::Relaxed);
+            let (needed, acks, asked) = (quorum, outcome.answers, outcome.asked);
+            // Only the replicas that did not answer superseded could still have acked.
+            return Err(if replicas.len().saturating_sub(superseded) < quorum {
+                ObjectServiceError::Superseded {
+                    needed,
+                    acks,
+                    asked,
+                    superseded,
+                }
+            } else {
+                ObjectServiceError::WriteUnconfirmed {
+                    needed,
+                    acks,
+                    asked,
+                    superseded,
+                }
             });
         }
         Ok(WriteOutcome {

@@ -89,6 +89,18 @@ impl IntoResponse for ObjectServiceError {
                 json!({ "needed": needed, "reached": acks, "asked": asked,
                         "superseded": superseded, "outcome": "unknown" }),
             ),
+            Self::Superseded {
+                needed,
+                acks,
+                asked,
+                superseded,
+            } => error(
+                StatusCode::CONFLICT,
+                "superseded",
+                message,
+                json!({ "needed": needed, "reached": acks, "asked": asked,
+                        "superseded": superseded, "outcome": "superseded" }),
+            ),
             Self::InvalidPrecondition(_) => error(
                 StatusCode::BAD_REQUEST,
                 "invalid_precondition",
