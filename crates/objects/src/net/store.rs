@@ -24,12 +24,14 @@
 //! objects as shared buffers, so many readers of one large object share one copy (the 250-reader
 //! test in `bench/http.sh`). An object larger than a quarter of the object cache is not cached.
 //!
+//! **Crash recovery.** Every write transaction of a store on disk uses redb's quick repair: the
+//! allocator state is saved with each commit, so opening the store after a crash does not rescan
+//! the whole file. A store in memory ([`Store::in_memory`]: tests and the lab) has no crash to
+//! recover from and skips it.
+//!
 //! **Group commit.** Concurrent writes ([`Store::put`], [`Store::put_if`]) share one durable
 //! transaction: a writer that finds a commit running queues behind it, and the next commit takes
 //! every queued write (see `store/group.rs`). A lone write commits alone at once.
-//!
-//! **Crash recovery.** Every write transaction uses redb's quick repair: the allocator state is
-//! saved with each commit, so opening the store after a crash does not rescan the whole file.
 //!
 //! The store's methods block (disk reads, durable commits): the object service calls them from
 //! tokio's blocking pool, never on an async worker thread.
@@ -199,6 +201,8 @@ pub struct Store {
     cache: Mutex<Cache>,
     group: group::Group,
     counts: CommitCounts,
+    /// Whether commits save the allocator state for a fast reopen after a crash (on disk only).
+    quick_repair: bool,
 }
 
 /// Counts of the store's durable write transactions, shared with the metrics registry.
@@ -239,7 +243,7 @@ impl Store {
         let db = redb::Database::builder()
             .set_cache_size(memory_bytes / 2)
             .create(path)?;
-        Self::init(db, memory_bytes)
+        Self::init(db, memory_bytes, true)
     }
 
     /// A store in memory (tests and the lab).
@@ -247,12 +251,17 @@ impl Store {
         let db = redb::Database::builder()
             .set_cache_size(memory_bytes / 2)
             .create_with_backend(redb::backends::InMemoryBackend::new())?;
-        Self::init(db, memory_bytes)
+        Self::init(db, memory_bytes, false)
     }
 
-    fn init(db: redb::Database, memory_bytes: usize) -> Result<Self, StoreError> {
+    fn init(
+        db: redb::Database,
+        memory_bytes: usize,
+        quick_repair: bool,
+    ) -> Result<Self, StoreError> {
         // Create the tables so readers never see them missing.
-        let txn = write_txn(&db)?;
+        let mut txn = db.begin_write()?;
+        txn.set_quick_repair(quick_repair);
         txn.open_table(HEADERS)?;
         txn.open_table(CHUNKS)?;
         txn.open_table(TOTALS)?;
@@ -267,6 +276,7 @@ impl Store {
             }),
             group: group::Group::default(),
             counts: CommitCounts::default(),
+            quick_repair,
         };
         store.migrate_legacy()?;
         Ok(store)
@@ -286,7 +296,7 @@ impl Store {
         }
         let mut converted = 0u64;
         loop {
-            let txn = write_txn(&self.db)?;
+            let txn = self.write_txn()?;
             let done = {
                 let mut legacy = txn.open_table(LEGACY)?;
                 let mut batch = Vec::new();
@@ -340,6 +350,15 @@ impl Store {
             "converted the object store to the chunked layout"
         );
         Ok(())
+    }
+
+    /// A write transaction, with quick repair on disk (see the module docs; a store in memory
+    /// has no crash to recover from, and saving the allocator state at every commit made the
+    /// lab's in-memory stores spend most of their time copying it).
+    fn write_txn(&self) -> Result<redb::WriteTransaction, StoreError> {
+        let mut txn = self.db.begin_write()?;
+        txn.set_quick_repair(self.quick_repair);
+        Ok(txn)
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, Cache> {
@@ -438,7 +457,7 @@ impl Store {
     /// does, all in one durable transaction (one commit for many copies: anti-entropy's pulls).
     /// Returns the stamp the store holds afterwards for each, in order.
     pub fn put_batch(&self, copies: &[(String, Stamp, Bytes)]) -> Result<Vec<Stamp>, StoreError> {
-        let txn = write_txn(&self.db)?;
+        let txn = self.write_txn()?;
         let mut held = Vec::with_capacity(copies.len());
         let mut written = 0;
         {
@@ -516,11 +535,6 @@ impl Store {
 }
 
 /// A write transaction with quick repair on (see the module docs).
-fn write_txn(db: &redb::Database) -> Result<redb::WriteTransaction, StoreError> {
-    let mut txn = db.begin_write()?;
-    txn.set_quick_repair(true);
-    Ok(txn)
-}
 
 fn saturating_usize(len: u64) -> usize {
     usize::try_from(len).unwrap_or(usize::MAX)

@@ -19,7 +19,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 
 use bytes::Bytes;
 
-use super::{write_txn, Store, StoreError, StoredObject, Tables};
+use super::{Store, StoreError, StoredObject, Tables};
 use crate::proto::cas::Precondition;
 use crate::proto::object::Stamp;
 
@@ -157,7 +157,7 @@ fn commit(store: &Store, writes: &[Write]) -> Vec<Outcome> {
 
 /// Applies `writes` in one transaction and commits it, unless none of them writes anything.
 fn together(store: &Store, writes: &[Write]) -> Result<Vec<Outcome>, StoreError> {
-    let txn = write_txn(&store.db)?;
+    let txn = store.write_txn()?;
     let mut outcomes = Vec::with_capacity(writes.len());
     {
         let mut tables = Tables::open(&txn)?;
