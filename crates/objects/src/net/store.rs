@@ -534,8 +534,6 @@ impl Store {
     }
 }
 
-/// A write transaction with quick repair on (see the module docs).
-
 fn saturating_usize(len: u64) -> usize {
     usize::try_from(len).unwrap_or(usize::MAX)
 }
