@@ -40,14 +40,11 @@
 //! The node-to-node messages are in [`crate::proto::object`].
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use crate::proto::clock::{ClockError, HybridClock};
-use crate::proto::object::{
-    self, decode_fetched, decode_stored, FetchMode, Fetched, ObjectError, Stamp, Stored,
-};
+use crate::proto::object::{self, decode_fetched, FetchMode, Fetched, ObjectError, Stamp};
 use crate::proto::quorum::{
     Outcome, PathHint, PeerScores, Policy, QuorumConfig, QuorumError, QuorumPlan, ScoreConfig,
 };
@@ -69,6 +66,7 @@ mod read;
 mod serve;
 mod store_calls;
 mod warn_limit;
+mod write;
 
 pub use drive::ReplicaError;
 use drive::{drive, now, Leftover};
@@ -662,153 +660,6 @@ impl ObjectService {
             .store
             .get(key)?
             .ok_or(ObjectServiceError::NotFound)
-    }
-
-    /// The plan of a write to `replicas` replicas: ask them all at once (hedged), succeed at the
-    /// write quorum (clamped to the replicas there are), all under one deadline.
-    pub(crate) fn write_plan(&self, replicas: usize) -> QuorumConfig {
-        let quorum = self.inner.config.write_quorum.min(replicas).max(1);
-        QuorumConfig {
-            policy: Policy::Hedged,
-            quorum,
-            fanout: replicas.max(quorum),
-            max_in_flight: replicas.max(quorum),
-            deadline: self.inner.config.deadline,
-            attempt_timeout: self.inner.config.deadline,
-        }
-    }
-    /// Writes `content` under `key` to its replicas; returns once W hold it.
-    pub async fn put(&self, key: &str, content: Bytes) -> Result<WriteOutcome, ObjectServiceError> {
-        let started = tokio::time::Instant::now();
-        let result = self.put_inner(key, content).await;
-        let label = match &result {
-            Ok(_) => {
-                self.observe_write(started.elapsed());
-                "ok"
-            }
-            Err(ObjectServiceError::WriteUnconfirmed { .. }) => "quorum_not_reached",
-            Err(ObjectServiceError::Superseded { .. }) => "superseded",
-            Err(_) => "error",
-        };
-        self.count_write(label);
-        result
-    }
-
-    fn observe_write(&self, elapsed: Duration) {
-        self.inner
-            .metrics
-            .write_seconds
-            .observe(elapsed.as_secs_f64());
-    }
-
-    fn count_write(&self, outcome: &'static str) {
-        self.inner
-            .metrics
-            .writes
-            .get_or_create(&OutcomeLabel { outcome })
-            .inc();
-    }
-
-    /// Checks a write's key and size.
-    fn check_write(&self, key: &str, content: &Bytes) -> Result<(), ObjectServiceError> {
-        object::validate_key(key).map_err(ObjectServiceError::InvalidKey)?;
-        let max = self.inner.config.max_object_bytes;
-        if content.len() > max {
-            return Err(ObjectServiceError::TooLarge {
-                len: content.len(),
-                max,
-            });
-        }
-        Ok(())
-    }
-
-    async fn put_inner(
-        &self,
-        key: &str,
-        content: Bytes,
-    ) -> Result<WriteOutcome, ObjectServiceError> {
-        self.check_write(key, &content)?;
-        let stamp = self.next_stamp(key, &content, None).await?;
-        let replicas = self.replicas(key);
-        let config = self.write_plan(replicas.len());
-        let quorum = config.quorum;
-        // The version is this node's latest tick, so it is also the message's clock.
-        let mut header = object::encode_store_header(stamp.version, key, &stamp);
-        header.extend_from_slice(&content);
-        let message = Bytes::from(header);
-        let me = self.inner.node.peer_id();
-        let service = self.clone();
-        let key_owned = key.to_string();
-        let superseded = Arc::new(AtomicUsize::new(0));
-        let superseded_count = superseded.clone();
-        let ask = move |peer: PeerId| {
-            let service = service.clone();
-            let message = message.clone();
-            let content = content.clone();
-            let key = key_owned.clone();
-            let superseded = superseded_count.clone();
-            async move {
-                let stored = if peer == me {
-                    let held = service
-                        .on_store(move |store| store.put(&key, stamp, content))
-                        .await??;
-                    if held == stamp {
-                        Stored::Holds
-                    } else {
-                        Stored::Superseded(held)
-                    }
-                } else {
-                    let reply = service
-                        .inner
-                        .node
-                        .request(peer, STORE, message, service.inner.config.deadline)
-                        .await?;
-                    let answer = decode_stored(&reply)?;
-                    service.accept_answer(peer, answer.clock, None)?;
-                    answer.answer.map_err(|reason| {
-                        service.count_refused_answer(reason);
-                        ReplicaError::Refused(reason)
-                    })?
-                };
-                match stored {
-                    Stored::Holds => Ok(()),
-                    Stored::Superseded(held) => {
-                        superseded.fetch_add(1, Ordering::Relaxed);
-                        Err(ReplicaError::Superseded { held })
-                    }
-                }
-            }
-        };
-        let plan = {
-            // fanout = R: every replica is asked at once; the plan ends at W acks.
-            self.plan(config, &replicas)?
-        };
-        let (acks, outcome) = drive(&self.inner.scores, plan, ask, Leftover::Finish).await;
-        if !outcome.reached(quorum) {
-            let superseded = superseded.load(Ordering::Relaxed);
-            let (needed, acks, asked) = (quorum, outcome.answers, outcome.asked);
-            // Only the replicas that did not answer superseded could still have acked.
-            return Err(if replicas.len().saturating_sub(superseded) < quorum {
-                ObjectServiceError::Superseded {
-                    needed,
-                    acks,
-                    asked,
-                    superseded,
-                }
-            } else {
-                ObjectServiceError::WriteUnconfirmed {
-                    needed,
-                    acks,
-                    asked,
-                    superseded,
-                }
-            });
-        }
-        Ok(WriteOutcome {
-            stamp,
-            acks: acks.len(),
-            replicas: replicas.len(),
-        })
     }
 
     /// A plan over `candidates`, ranked by their scores and by what the transport knows of each
