@@ -82,25 +82,29 @@ impl IntoResponse for ObjectServiceError {
                 acks,
                 asked,
                 superseded,
-            } => error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "quorum_not_reached",
-                message,
-                json!({ "needed": needed, "reached": acks, "asked": asked,
-                        "superseded": superseded, "outcome": "unknown" }),
-            ),
-            Self::Superseded {
+            }
+            | Self::Superseded {
                 needed,
                 acks,
                 asked,
                 superseded,
-            } => error(
-                StatusCode::CONFLICT,
-                "superseded",
-                message,
-                json!({ "needed": needed, "reached": acks, "asked": asked,
-                        "superseded": superseded, "outcome": "superseded" }),
-            ),
+            } => {
+                let (status, code, outcome) = match self {
+                    Self::Superseded { .. } => (StatusCode::CONFLICT, "superseded", "superseded"),
+                    _ => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "quorum_not_reached",
+                        "unknown",
+                    ),
+                };
+                error(
+                    status,
+                    code,
+                    message,
+                    json!({ "needed": needed, "reached": acks, "asked": asked,
+                            "superseded": superseded, "outcome": outcome }),
+                )
+            }
             Self::InvalidPrecondition(_) => error(
                 StatusCode::BAD_REQUEST,
                 "invalid_precondition",

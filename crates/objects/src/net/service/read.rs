@@ -175,6 +175,19 @@ impl ObjectService {
 
     /// Sends one stale replica the winning copy; a refusal or a newer copy there is its answer.
     async fn repair_one(&self, peer: PeerId, message: Bytes) -> Result<(), ReplicaError> {
+        match self.store_at(peer, message).await? {
+            Stored::Holds => Ok(()),
+            Stored::Superseded(held) => Err(ReplicaError::Superseded { held }),
+        }
+    }
+
+    /// Sends `message` (a store request) to the replica `peer` and checks its answer: its clock
+    /// is accepted, and a refusal is counted and returned as that replica's failure.
+    pub(super) async fn store_at(
+        &self,
+        peer: PeerId,
+        message: Bytes,
+    ) -> Result<Stored, ReplicaError> {
         let reply = self
             .inner
             .node
@@ -182,13 +195,9 @@ impl ObjectService {
             .await?;
         let answer = decode_stored(&reply)?;
         self.accept_answer(peer, answer.clock, None)?;
-        match answer.answer {
-            Ok(Stored::Holds) => Ok(()),
-            Ok(Stored::Superseded(held)) => Err(ReplicaError::Superseded { held }),
-            Err(reason) => {
-                self.count_refused_answer(reason);
-                Err(ReplicaError::Refused(reason))
-            }
-        }
+        answer.answer.map_err(|reason| {
+            self.count_refused_answer(reason);
+            ReplicaError::Refused(reason)
+        })
     }
 }

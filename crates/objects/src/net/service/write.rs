@@ -5,13 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use meshwire::protocols::OBJECT_STORE as STORE;
 use meshwire::PeerId;
 
 use super::drive::{drive, Leftover};
 use super::metrics::OutcomeLabel;
 use super::{ObjectService, ObjectServiceError, ReplicaError, WriteOutcome};
-use crate::proto::object::{self, decode_stored, Stored};
+use crate::proto::object::{self, Stored};
 use crate::proto::quorum::{Policy, QuorumConfig};
 
 impl ObjectService {
@@ -109,17 +108,7 @@ impl ObjectService {
                         Stored::Superseded(held)
                     }
                 } else {
-                    let reply = service
-                        .inner
-                        .node
-                        .request(peer, STORE, message, service.inner.config.deadline)
-                        .await?;
-                    let answer = decode_stored(&reply)?;
-                    service.accept_answer(peer, answer.clock, None)?;
-                    answer.answer.map_err(|reason| {
-                        service.count_refused_answer(reason);
-                        ReplicaError::Refused(reason)
-                    })?
+                    service.store_at(peer, message).await?
                 };
                 match stored {
                     Stored::Holds => Ok(()),
