@@ -134,6 +134,7 @@ impl TransportSettings {
                 quinn::IdleTimeout::try_from(self.idle_timeout)
                     .map_err(|_| ConfigError::Invalid("idle timeout too large"))?,
             ))
+            .initial_rtt(crate::congestion::INITIAL_RTT)
             .initial_mtu(self.initial_mtu)
             .min_mtu(self.initial_mtu.min(1200))
             .max_concurrent_bidi_streams(self.max_concurrent_requests.into())

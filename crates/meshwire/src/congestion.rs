@@ -194,6 +194,26 @@ impl LossFilter {
     }
 }
 
+/// The RTT quinn assumes before a connection's first sample (its default, set explicitly by
+/// [`crate::TransportSettings`] so that [`Meshwire`] can tell the guess from a measurement).
+///
+/// quinn calls `on_ack` for the first acknowledged packets before its estimator holds a sample;
+/// `rtt.get()` and `rtt.min()` then both return this guess. Taken as a measurement it became the
+/// path's minimum RTT for the connection's life, so on any path longer than about 375 ms every
+/// later RTT read as a standing queue: application-limited slow start never ran and every random
+/// loss counted as congestion. An answering node's window stayed at its initial 15 KB, and quinn's
+/// pacer (1.25 × window / RTT, about 48 KB/s at 400 ms) queued a 200 KB/s stream of answers for
+/// hundreds of milliseconds (the quorum sweep's worst reads). The path estimate careful resume
+/// remembers had the same fault. The odd microseconds keep the guess apart from any round trip
+/// the lab measures (whole milliseconds) and, in practice, from a real one.
+pub const INITIAL_RTT: Duration = Duration::from_micros(333_333);
+
+/// quinn's smoothed and minimum RTT, or `None` while they are its initial guess
+/// ([`INITIAL_RTT`]) rather than a measurement.
+fn measured_rtt(smoothed: Duration, min: Duration) -> Option<(Duration, Duration)> {
+    (smoothed != INITIAL_RTT || min != INITIAL_RTT).then_some((smoothed, min))
+}
+
 /// Builds [`Meshwire`] controllers: CUBIC with an initial window, and the bandwidth that caps
 /// application-limited slow start.
 #[derive(Debug, Clone)]
@@ -301,6 +321,20 @@ impl Meshwire {
         self.inner = Arc::new(cubic).build(now, self.mtu);
     }
 
+    /// Feeds a measured RTT (`None`: none yet) to the loss filter and the path observer, which
+    /// publishes an improved path estimate to the peer's slot; `bytes` were just acknowledged.
+    fn on_measured_rtt(&mut self, now: Instant, bytes: u64, rtt: Option<(Duration, Duration)>) {
+        let Some((smoothed, min)) = rtt else {
+            return;
+        };
+        self.filter.on_rtt(now, smoothed, min);
+        if let Some(estimate) = self.observer.on_ack(now, bytes, min) {
+            if let Some(slot) = &self.slot {
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(estimate);
+            }
+        }
+    }
+
     /// The largest window application-limited slow start may reach: the configured bandwidth
     /// over the path's minimum RTT.
     fn app_limited_cap(&self, rtt: &RttEstimator) -> u64 {
@@ -323,12 +357,7 @@ impl Controller for Meshwire {
         app_limited: bool,
         rtt: &RttEstimator,
     ) {
-        self.filter.on_rtt(now, rtt.get(), rtt.min());
-        if let Some(estimate) = self.observer.on_ack(now, bytes, rtt.min()) {
-            if let Some(slot) = &self.slot {
-                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(estimate);
-            }
-        }
+        self.on_measured_rtt(now, bytes, measured_rtt(rtt.get(), rtt.min()));
         if let Some(resume) = &mut self.resume {
             // This packet's own round trip: before quinn's first sample its estimator still
             // holds the initial guess (333 ms).
@@ -437,6 +466,40 @@ mod tests {
         }
         filter.on_rtt(start + min * rounds, rtt, min);
         filter
+    }
+
+    /// quinn's initial RTT guess, which it hands to the first `on_ack` calls before it has a
+    /// sample, is not taken for the path's minimum: on a path longer than the guess the RTT would
+    /// read as a standing queue for the connection's life (random loss as congestion, no
+    /// application-limited slow start) and the remembered path estimate would be wrong.
+    #[test]
+    fn the_initial_rtt_guess_is_not_a_measurement() {
+        let start = Instant::now();
+        let slot = PathSlot::default();
+        let config = MeshwireConfig::new(1_000_000_000, None).resuming(None, slot.clone());
+        let mut controller = Arc::new(config)
+            .build(start, 1200)
+            .into_any()
+            .downcast::<Meshwire>()
+            .expect("a meshwire controller");
+        assert_eq!(measured_rtt(INITIAL_RTT, INITIAL_RTT), None);
+        controller.on_measured_rtt(start, 1200, measured_rtt(INITIAL_RTT, INITIAL_RTT));
+        let path = MS * 406;
+        for round in 1..=40u32 {
+            controller.on_sent(start, 100_000, u64::from(round));
+            controller.on_measured_rtt(start + path * round, 100_000, measured_rtt(path, path));
+        }
+        assert!(!controller.filter.queue_present());
+        assert!(
+            !controller.filter.on_loss(1200, false),
+            "random loss on a long path without a queue is not congestion"
+        );
+        let estimate = lock_slot(&slot).expect("the path was measured");
+        assert_eq!(estimate.min_rtt, path);
+    }
+
+    fn lock_slot(slot: &PathSlot) -> Option<PathEstimate> {
+        *slot.lock().unwrap()
     }
 
     proptest! {
