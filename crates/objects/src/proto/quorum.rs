@@ -22,6 +22,13 @@
 //!   request still out, the time already taken is a lower bound on that peer's latency (a
 //!   censored sample), so its estimate is raised to it rather than averaged in, and plans starting
 //!   meanwhile route around it. A peer that stops answering sinks after one late request.
+//!   A request still out is news too: the driver reports each request it sends and each that
+//!   ends ([`PeerScores::on_request_sent`], [`PeerScores::on_request_done`]), and a peer whose
+//!   oldest request has been out longer than its score is ranked at that age, since a new request
+//!   to it queues behind the old one (answers on one connection leave in order); past its hedge
+//!   delay it counts as late. Without this, every read starting in the round trips before an
+//!   answer came back piled onto the same best-ranked peers: in the quorum sweep a cold
+//!   connection's congestion window then held their answers for hundreds of milliseconds.
 //!   Exploration: with probability `explore_probability` a plan also asks one random peer from
 //!   outside the first choices, so a peer that recovered is measured again without delaying the read.
 //! - [`QuorumPlan`] runs one request. The driver polls [`QuorumPlan::poll_ask`] for peers to ask,

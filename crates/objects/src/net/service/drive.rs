@@ -87,7 +87,12 @@ where
         let at = now();
         while let Some(peer) = plan.poll_ask(at) {
             let request = ask(peer);
-            in_flight.push(async move { (peer, request.await) });
+            let out = Outstanding::new(scores, peer, at);
+            in_flight.push(async move {
+                let result = request.await;
+                drop(out);
+                (peer, result)
+            });
         }
         plan.report_late(at, &mut lock(scores));
         if let Some(outcome) = plan.outcome() {
@@ -130,6 +135,32 @@ where
             }
             _ = tokio::time::sleep_until(wake) => {}
         }
+    }
+}
+
+/// A request out to `peer` since `sent`, charged to the peer in the scores' ranking
+/// ([`PeerScores::on_request_sent`]) until it ends, however it ends: answered, failed, or dropped
+/// with its plan or follow-up.
+struct Outstanding {
+    scores: Arc<Mutex<PeerScores<PeerId>>>,
+    peer: PeerId,
+    sent: Instant,
+}
+
+impl Outstanding {
+    fn new(scores: &Arc<Mutex<PeerScores<PeerId>>>, peer: PeerId, sent: Instant) -> Self {
+        lock(scores).on_request_sent(peer, sent);
+        Self {
+            scores: scores.clone(),
+            peer,
+            sent,
+        }
+    }
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        lock(&self.scores).on_request_done(self.peer, self.sent);
     }
 }
 

@@ -86,7 +86,12 @@ pub struct PeerScores<P> {
     config: ScoreConfig,
     peers: HashMap<P, PeerStats>,
     extra_tokens: f64,
+    /// When each request still out to a peer was sent (see [`PeerScores::on_request_sent`]).
+    outstanding: HashMap<P, Vec<Instant>>,
 }
+
+/// Requests out to one peer that are tracked at most; only the oldest matter to the ranking.
+const MAX_OUTSTANDING_TRACKED: usize = 1024;
 
 impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
     /// An empty table.
@@ -95,7 +100,38 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
             config,
             peers: HashMap::new(),
             extra_tokens: config.extra_request_reserve.max(0.0),
+            outstanding: HashMap::new(),
         }
+    }
+
+    /// A request to `peer` was sent at `sent`. Until [`PeerScores::on_request_done`] reports it,
+    /// the time it has been out is a lower bound on what `peer` takes now, and [`Self::rank`]
+    /// charges `peer` for it: answers on one connection leave in order, so a new request waits
+    /// behind the ones still out. The driver reports every request it sent as done, however it
+    /// ends (answered, failed, cancelled), or its peer stays charged.
+    pub fn on_request_sent(&mut self, peer: P, sent: Instant) {
+        let out = self.outstanding.entry(peer).or_default();
+        if out.len() < MAX_OUTSTANDING_TRACKED {
+            out.push(sent);
+        }
+    }
+
+    /// The request to `peer` sent at `sent` is no longer out.
+    pub fn on_request_done(&mut self, peer: P, sent: Instant) {
+        if let Some(out) = self.outstanding.get_mut(&peer) {
+            if let Some(index) = out.iter().position(|at| *at == sent) {
+                out.swap_remove(index);
+            }
+            if out.is_empty() {
+                self.outstanding.remove(&peer);
+            }
+        }
+    }
+
+    /// How long the oldest request still out to `peer` has been out at `now`.
+    pub fn oldest_outstanding(&self, peer: P, now: Instant) -> Option<Duration> {
+        let oldest = self.outstanding.get(&peer)?.iter().min()?;
+        Some(now.saturating_duration_since(*oldest))
     }
 
     /// The ranking settings.
@@ -268,14 +304,21 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
         service[(service.len() - 1) / 2]
     }
 
-    /// `candidates` best first, ties in random order, each with its hedge delay (tail estimate)
-    /// and its timeliness. The order is by expected cost: the score, plus the hedge delay
-    /// weighted by the chance of being late, so a known timely peer goes before a closer
+    /// `candidates` best first at `now`, ties in random order, each with its hedge delay (tail
+    /// estimate) and its timeliness. The order is by expected cost: the score, plus the hedge
+    /// delay weighted by the chance of being late, so a known timely peer goes before a closer
     /// stranger that may well be slow. A stranger the transport knows a round trip to is expected at that
     /// round trip plus the typical service time of known peers, and hedged at twice that (a
     /// reply later than twice its path's expected time is late); an unreachable candidate
-    /// comes last, with no chance of answering in time.
-    pub fn rank(&self, candidates: &[(P, PathHint)], rng: &mut impl RngCore) -> Vec<Candidate<P>> {
+    /// comes last, with no chance of answering in time. A peer with a request out for longer
+    /// than its score is expected at that age instead (a new request queues behind it), and one
+    /// whose request is out past its hedge delay is taken to be late.
+    pub fn rank(
+        &self,
+        candidates: &[(P, PathHint)],
+        now: Instant,
+        rng: &mut impl RngCore,
+    ) -> Vec<Candidate<P>> {
         let mut ranked: Vec<(P, PathHint)> = candidates.to_vec();
         ranked.sort_by_key(|(peer, _)| *peer);
         ranked.dedup_by_key(|(peer, _)| *peer);
@@ -295,6 +338,11 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
                         self.tail_latency(peer),
                         self.timely(peer),
                     ),
+                };
+                let (score, timely) = match self.oldest_outstanding(peer, now) {
+                    Some(age) if age > hedge_after => (age.as_secs_f64() * 1e3, 0.0),
+                    Some(age) => (score.max(age.as_secs_f64() * 1e3), timely),
+                    None => (score, timely),
                 };
                 // What asking it is expected to cost: its latency, plus, with the chance that it
                 // is late, the hedge delay spent waiting on it before someone else is asked.
@@ -324,7 +372,7 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
     ) -> Result<QuorumPlan<P>, QuorumError> {
         let spread = config.policy.spread();
         let ordered = if spread.ranks_by_score() {
-            self.rank(candidates, rng)
+            self.rank(candidates, now, rng)
         } else {
             let mut seen = std::collections::HashSet::new();
             candidates
@@ -397,7 +445,7 @@ mod tests {
             (2, PathHint::connected(ms(40))),
             (3, PathHint::connected(ms(90))),
         ];
-        let ranked = scores.rank(&candidates, &mut rng);
+        let ranked = scores.rank(&candidates, Instant::now(), &mut rng);
         assert_eq!(order(&ranked), vec![2, 3, 0, 1]);
         assert_eq!(
             ranked[0].hedge_after,
@@ -426,12 +474,45 @@ mod tests {
             (1, PathHint::connected(ms(40))),
             (2, PathHint::connected(ms(45))),
         ];
-        assert_eq!(order(&scores.rank(&candidates, &mut rng)), vec![1, 2, 0]);
+        assert_eq!(
+            order(&scores.rank(&candidates, Instant::now(), &mut rng)),
+            vec![1, 2, 0]
+        );
         // A cancelled request that was neither late nor beyond the estimate is no news.
         let before = scores.expected_latency(1);
         scores.record_unanswered(1, ms(20), false);
         assert_eq!(scores.expected_latency(1), before);
         assert!(scores.timely(1) > 0.9);
+    }
+
+    #[test]
+    fn a_request_out_longer_than_expected_charges_its_peer() {
+        let mut scores = PeerScores::<u32>::new(ScoreConfig::default());
+        let mut rng = SmallRng::seed_from_u64(6);
+        let t0 = Instant::now();
+        for _ in 0..10 {
+            scores.record_success(0, ms(50));
+            scores.record_success(1, ms(55));
+        }
+        let candidates = reachable(&[0, 1]);
+        assert_eq!(order(&scores.rank(&candidates, t0, &mut rng)), vec![0, 1]);
+        // A request to peer 0 is out: no charge while it is younger than peer 0's estimate...
+        scores.on_request_sent(0, t0);
+        let ranked = scores.rank(&candidates, t0 + ms(30), &mut rng);
+        assert_eq!(order(&ranked), vec![0, 1]);
+        // ...but once it has been out longer than peer 1 takes, a new request to peer 0 would
+        // queue behind it, and peer 1 goes first.
+        let ranked = scores.rank(&candidates, t0 + ms(60), &mut rng);
+        assert_eq!(order(&ranked), vec![1, 0]);
+        assert!(ranked[1].timely > 0.9, "not late yet");
+        // Out past its hedge delay, the peer is late.
+        let ranked = scores.rank(&candidates, t0 + ms(500), &mut rng);
+        assert_eq!((ranked[1].peer, ranked[1].timely), (0, 0.0));
+        // Once the request ends, the charge is gone.
+        scores.on_request_done(0, t0);
+        assert_eq!(scores.oldest_outstanding(0, t0 + ms(500)), None);
+        let ranked = scores.rank(&candidates, t0 + ms(500), &mut rng);
+        assert_eq!(order(&ranked), vec![0, 1]);
     }
 
     #[test]
@@ -490,7 +571,7 @@ mod tests {
             scores.record_success(4, ms(60));
         }
         let ranked: Vec<u32> = scores
-            .rank(&reachable(&[0, 1, 2, 3, 4]), &mut rng)
+            .rank(&reachable(&[0, 1, 2, 3, 4]), Instant::now(), &mut rng)
             .iter()
             .map(|c| c.peer)
             .collect();
@@ -517,6 +598,9 @@ mod tests {
         for _ in 0..40 {
             scores.record_success(2, ms(10));
         }
-        assert_eq!(scores.rank(&reachable(&[0, 1, 2]), &mut rng)[0].peer, 2);
+        assert_eq!(
+            scores.rank(&reachable(&[0, 1, 2]), Instant::now(), &mut rng)[0].peer,
+            2
+        );
     }
 }
