@@ -392,7 +392,7 @@ impl<P: Copy + Eq + Hash + Ord> QuorumPlan<P> {
         };
         let latency = now.saturating_duration_since(asked);
         if latency > self.slots.hedge_after[index] {
-            scores.record_late_success(peer, latency);
+            scores.record_late_success(peer, asked, latency);
         } else {
             scores.record_success(peer, latency);
         }
@@ -421,6 +421,7 @@ impl<P: Copy + Eq + Hash + Ord> QuorumPlan<P> {
             if let Some(sent) = self.asked_at[index] {
                 scores.record_unanswered(
                     self.peers[index],
+                    sent,
                     now.saturating_duration_since(sent),
                     true,
                 );
@@ -456,7 +457,7 @@ impl<P: Copy + Eq + Hash + Ord> QuorumPlan<P> {
             if let SlotState::InFlight { sent, .. } = state {
                 let elapsed = now.saturating_duration_since(*sent);
                 let late = elapsed > self.slots.hedge_after[index];
-                scores.record_unanswered(self.peers[index], elapsed, late);
+                scores.record_unanswered(self.peers[index], *sent, elapsed, late);
             }
         }
     }

@@ -88,6 +88,8 @@ pub struct PeerScores<P> {
     extra_tokens: f64,
     /// When each request still out to a peer was sent (see [`PeerScores::on_request_sent`]).
     outstanding: HashMap<P, Vec<Instant>>,
+    /// When each peer's lateness was last taken as news (see [`PeerScores::late_is_news`]).
+    late_noticed: HashMap<P, Instant>,
 }
 
 /// Requests out to one peer that are tracked at most; only the oldest matter to the ranking.
@@ -101,6 +103,29 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
             peers: HashMap::new(),
             extra_tokens: config.extra_request_reserve.max(0.0),
             outstanding: HashMap::new(),
+            late_noticed: HashMap::new(),
+        }
+    }
+
+    /// Whether the lateness of the request to `peer` sent at `sent`, noticed at `now`, is news,
+    /// and if so remembers `now`. It is not when the request was sent before the peer's last
+    /// lateness was noticed: it then waited behind that late request, and its lateness is the same
+    /// episode (TCP likewise reacts once to the losses of one window). A slow peer still sinks at
+    /// its first late request; a peer whose answers queued for a moment (a cold connection's
+    /// window, a burst of requests) is charged once for the burst, not once per request in it.
+    fn late_is_news(&mut self, peer: P, sent: Instant, now: Instant) -> bool {
+        match self.late_noticed.get_mut(&peer) {
+            Some(noticed) if sent < *noticed => false,
+            Some(noticed) => {
+                *noticed = now;
+                true
+            }
+            None => {
+                if self.late_noticed.len() < self.config.max_peers {
+                    self.late_noticed.insert(peer, now);
+                }
+                true
+            }
         }
     }
 
@@ -171,10 +196,13 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
         self.observe(peer, latency, false, false);
     }
 
-    /// `peer` answered after `latency`, later than its hedge delay: the answer counts, but the
-    /// peer was late.
-    pub fn record_late_success(&mut self, peer: P, latency: Duration) {
-        self.observe(peer, latency, false, true);
+    /// `peer` answered the request sent at `sent` after `latency`, later than its hedge delay:
+    /// the answer counts, but the peer was late (unless that is no news, see
+    /// [`Self::late_is_news`]: then the sample is left out).
+    pub fn record_late_success(&mut self, peer: P, sent: Instant, latency: Duration) {
+        if self.late_is_news(peer, sent, sent + latency) {
+            self.observe(peer, latency, false, true);
+        }
     }
 
     /// `peer` failed after `elapsed` (an error or a timeout).
@@ -186,11 +214,14 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
     /// (`late`) or when its request was cancelled. Its true latency is at least `elapsed`, so the
     /// estimate is raised to that lower bound at once (a censored sample), rather than averaged
     /// in: a peer that stops answering sinks in the ranking after one late request, not eight.
-    pub fn record_unanswered(&mut self, peer: P, elapsed: Duration, late: bool) {
+    pub fn record_unanswered(&mut self, peer: P, sent: Instant, elapsed: Duration, late: bool) {
         let sample_ms = elapsed.as_secs_f64() * 1e3;
         let known = self.peers.contains_key(&peer);
         if !known && !late {
             // Cancelled before it was due: nothing is known of it yet.
+            return;
+        }
+        if late && !self.late_is_news(peer, sent, sent + elapsed) {
             return;
         }
         let error_alpha = self.config.error_alpha;
@@ -223,9 +254,11 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
             Some((at, true)) if at <= due => {
                 self.record_success(peer, at.saturating_duration_since(sent))
             }
-            Some((at, true)) => self.record_late_success(peer, at.saturating_duration_since(sent)),
+            Some((at, true)) => {
+                self.record_late_success(peer, sent, at.saturating_duration_since(sent))
+            }
             Some((at, false)) => self.record_failure(peer, at.saturating_duration_since(sent)),
-            None => self.record_unanswered(peer, due.saturating_duration_since(sent), true),
+            None => self.record_unanswered(peer, sent, due.saturating_duration_since(sent), true),
         }
     }
 
@@ -466,7 +499,7 @@ mod tests {
             scores.record_success(1, ms(50));
         }
         // Peer 0 stops answering: its first request late past 100 ms is enough.
-        scores.record_unanswered(0, ms(100), true);
+        scores.record_unanswered(0, Instant::now(), ms(100), true);
         assert_eq!(scores.expected_latency(0), ms(100));
         assert!(scores.timely(0) < scores.timely(1));
         let candidates = [
@@ -480,7 +513,7 @@ mod tests {
         );
         // A cancelled request that was neither late nor beyond the estimate is no news.
         let before = scores.expected_latency(1);
-        scores.record_unanswered(1, ms(20), false);
+        scores.record_unanswered(1, Instant::now(), ms(20), false);
         assert_eq!(scores.expected_latency(1), before);
         assert!(scores.timely(1) > 0.9);
     }
@@ -563,11 +596,13 @@ mod tests {
             ..ScoreConfig::default()
         });
         let mut rng = SmallRng::seed_from_u64(1);
-        for _ in 0..20 {
+        let t0 = Instant::now();
+        for round in 0..20 {
             scores.record_success(0u32, ms(100));
             scores.record_success(1, ms(40));
             scores.record_failure(2, ms(5));
-            scores.record_unanswered(3, ms(1500), true);
+            // One request after another, each sent after the last was found late.
+            scores.record_unanswered(3, t0 + ms(2000) * round, ms(1500), true);
             scores.record_success(4, ms(60));
         }
         let ranked: Vec<u32> = scores
