@@ -1,0 +1,164 @@
+//! Batches over lossy paths in the lab, with default settings: whatever the loss rate, path and
+//! batch size, a batch completes and arrives whole, in order and unchanged.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use meshwire::{BatchHeader, Chunk, ProtocolId};
+use meshwire_lab::lab::Lab;
+use meshwire_lab::link::{LinkSpec, Rate};
+use proptest::prelude::*;
+
+const DATA: ProtocolId = ProtocolId(78);
+
+/// The byte at `offset` of chunk `chunk`: distinct per chunk and position, so a chunk that is
+/// lost, repeated, reordered or torn shows.
+fn byte_at(chunk: usize, offset: usize) -> u8 {
+    ((chunk * 131 + offset * 7) % 251) as u8
+}
+
+fn batch(bytes: usize, chunk_bytes: usize) -> (BatchHeader, Vec<Chunk>) {
+    let chunks: Vec<Chunk> = (0..bytes.div_ceil(chunk_bytes))
+        .map(|index| {
+            let len = chunk_bytes.min(bytes - index * chunk_bytes);
+            Chunk {
+                slots: 1,
+                data: (0..len).map(|offset| byte_at(index, offset)).collect(),
+            }
+        })
+        .collect();
+    let header = BatchHeader {
+        protocol: DATA.0,
+        batch_id: 9,
+        round: 0,
+        phase: 0,
+        slot_count: chunks.len() as u32,
+        total_bytes: bytes as u64,
+        metadata: Bytes::from_static(b"lossy"),
+    };
+    (header, chunks)
+}
+
+/// What `b` received: the header and every chunk, or the error that ended the batch.
+type Received = Result<(BatchHeader, Vec<Chunk>), String>;
+
+/// What one run saw: what `b` received, whether `a`'s send succeeded, and how many of `a`'s
+/// datagrams the emulated loss dropped.
+struct Run {
+    received: Received,
+    sent: bool,
+    lost: u64,
+}
+
+/// Sends one batch of `bytes` in chunks of `chunk_bytes` from `a` to `b` over `link` (both
+/// directions).
+fn send_over(seed: u64, link: LinkSpec, bytes: usize, chunk_bytes: usize) -> Run {
+    let mut lab = Lab::new(seed, link, Duration::from_secs(300));
+    let received: Rc<RefCell<Option<Received>>> = Rc::default();
+    {
+        let received = received.clone();
+        lab.host("b", move |context| {
+            let received = received.clone();
+            async move {
+                let (node, _) = context.start_node(context.node_config()).await?;
+                let mut inbox = node.subscribe_batches(DATA)?;
+                if let Some(batch) = inbox.recv().await {
+                    let result = batch.collect().await.map_err(|error| error.to_string());
+                    *received.borrow_mut() = Some(result);
+                }
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+        });
+    }
+    let b = lab.node_address("b").unwrap();
+    let b_id = lab.peer_id("b");
+    let sent = Rc::new(RefCell::new(false));
+    let lost = Rc::new(RefCell::new(0));
+    {
+        let (sent, received, lost) = (sent.clone(), received.clone(), lost.clone());
+        lab.client("a", move |context| async move {
+            let (node, stats) = context.start_node(context.node_config()).await?;
+            node.connect(b, b_id).await?;
+            let (header, chunks) = batch(bytes, chunk_bytes);
+            node.send_batch(b_id, header, chunks).await?;
+            *sent.borrow_mut() = true;
+            while received.borrow().is_none() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            *lost.borrow_mut() = stats.lost.load(std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        });
+    }
+    let finished = lab.run(Duration::from_secs(300), |_| {}).unwrap();
+    assert!(finished, "the batch did not complete");
+    let received = received.borrow_mut().take().expect("b received a batch");
+    let sent = *sent.borrow();
+    let lost = *lost.borrow();
+    Run {
+        received,
+        sent,
+        lost,
+    }
+}
+
+/// Checks that `received` is exactly the batch of `bytes` in chunks of `chunk_bytes`.
+fn check_whole(received: Received, bytes: usize, chunk_bytes: usize) -> Result<(), TestCaseError> {
+    let (header, chunks) = received.map_err(TestCaseError::fail)?;
+    let (expected_header, expected_chunks) = batch(bytes, chunk_bytes);
+    prop_assert_eq!(header, expected_header);
+    prop_assert_eq!(chunks.len(), expected_chunks.len());
+    for (index, (got, want)) in chunks.iter().zip(&expected_chunks).enumerate() {
+        prop_assert_eq!(got.slots, want.slots, "chunk {}", index);
+        prop_assert!(got.data == want.data, "chunk {} differs", index);
+    }
+    Ok(())
+}
+
+/// A path of `latency_ms` one way at `mbit` Mbit/s, its queue one round trip at that rate.
+fn lossy_path(latency_ms: u64, mbit: u64, loss: f64, jitter_ms: u64) -> LinkSpec {
+    let bdp = (mbit * 1_000_000 / 8 * 2 * latency_ms / 1000) as usize;
+    LinkSpec {
+        latency: Duration::from_millis(latency_ms),
+        rate: Rate::BitsPerSec(mbit * 1_000_000),
+        queue_bytes: bdp.max(64 * 1024),
+        loss,
+        jitter: Duration::from_millis(jitter_ms),
+    }
+}
+
+/// The case: 4 Mbit on an 80 ms, 1 Gbit/s path with 1% loss, and a 3 MB batch at 5%:
+/// datagrams are lost (the emulator drops them), and both batches arrive whole.
+#[test]
+fn batches_through_real_loss_arrive_whole() {
+    for (loss, bytes) in [(0.01, 500_000), (0.05, 3_000_000)] {
+        let run = send_over(7, lossy_path(80, 1_000, loss, 0), bytes, 100_000);
+        assert!(run.sent);
+        assert!(run.lost > 0, "no datagram was lost at {loss}");
+        check_whole(run.received, bytes, 100_000).unwrap();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// Loss up to 5%, 1-150 ms one way, 10 Mbit/s-1 Gbit/s, with or without jitter, batches of
+    /// one byte to 3 MB: the batch arrives whole, in order and unchanged.
+    #[test]
+    fn a_batch_on_a_lossy_path_arrives_whole(
+        seed in 1u64..1_000,
+        latency_ms in 1u64..150,
+        mbit in 10u64..1_000,
+        loss in 0.0f64..0.05,
+        jitter_ms in prop_oneof![Just(0u64), 1u64..10],
+        bytes in prop_oneof![1usize..2_000, 2_000usize..3_000_000],
+        chunk_bytes in prop_oneof![Just(1_000usize), 1_000usize..300_000],
+    ) {
+        let link = lossy_path(latency_ms, mbit, loss, jitter_ms);
+        let run = send_over(seed, link, bytes, chunk_bytes);
+        prop_assert!(run.sent, "the sender's send_batch did not succeed");
+        check_whole(run.received, bytes, chunk_bytes)?;
+    }
+}
