@@ -4,12 +4,25 @@
 # count, then the criterion benchmarks with their allocation counts, then the HTTP benchmark
 # (bench/http.sh, needs wrk), the object store (bench/store.sh) and the transport against plain
 # quinn (bench/transport.sh, about 30 s).
-# Cost on a 2-core machine (release build, after the build): scenarios about 20 min (ic-gossip 13),
-# sweeps about 10 min (each file states its own cost), benchmarks about 3 min.
+# Cost on a 2-core machine (release build, after the build): scenarios and sweeps about 20 min
+# (ic-gossip the longest; each sweep file states its own cost), benchmarks about 5 min.
+# The benchmarks measure wall-clock speed: run them on an otherwise idle machine.
+# `--benchmarks-only` keeps the page's lab part as it is and reruns the benchmarks after it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo run --release --quiet --bin meshwire -- lab results --out docs/RESULTS.md
+if [ "${1:-}" = "--benchmarks-only" ]; then
+  marker='## wire::fanout (criterion)'
+  line=$(grep -nF "$marker" docs/RESULTS.md | head -1 | cut -d: -f1)
+  if [ -z "$line" ]; then
+    echo "docs/RESULTS.md has no '$marker' section to replace: run without --benchmarks-only" >&2
+    exit 1
+  fi
+  head -n "$((line - 1))" docs/RESULTS.md >docs/RESULTS.md.lab
+  mv docs/RESULTS.md.lab docs/RESULTS.md
+else
+  cargo run --release --quiet --bin meshwire -- lab results --out docs/RESULTS.md
+fi
 
 alloc_log=$(mktemp)
 cargo bench --quiet -p meshwire-proto --bench fanout 2>"$alloc_log" >/dev/null
