@@ -437,7 +437,7 @@ struct Driver {
 impl Driver {
     async fn run(
         self,
-        mut inbox: mpsc::Receiver<meshwire::InboundMessage>,
+        mut inbox: meshwire::Inbox,
         mut events: PeerEvents,
         mut peers: BTreeSet<PeerId>,
     ) {

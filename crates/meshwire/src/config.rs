@@ -228,6 +228,11 @@ pub struct NodeConfig {
     pub queue: QueueLimits,
     /// Inbound messages buffered per subscribed protocol before the sender is slowed down.
     pub inbound_queue_messages: usize,
+    /// Payload bytes buffered per subscribed protocol before the sender is slowed down, whatever
+    /// the message count: without it a subscriber that falls behind could hold
+    /// `inbound_queue_messages` largest frames (16 GiB with the defaults). Default 64 MiB; at
+    /// least one largest frame.
+    pub inbound_queue_bytes: u32,
     /// Reconnect backoff for configured peers.
     pub backoff: Backoff,
     /// How long one dial may take, handshake included.
@@ -261,6 +266,7 @@ impl NodeConfig {
             limits: Limits::default(),
             queue: QueueLimits::default(),
             inbound_queue_messages: 1024,
+            inbound_queue_bytes: 64 * 1024 * 1024,
             backoff: Backoff::default(),
             dial_timeout: Duration::from_secs(5),
             inbound_request_timeout: Duration::from_secs(30),
@@ -301,6 +307,11 @@ impl NodeConfig {
         if largest_frame > u64::from(self.inbound_request_bytes) {
             return Err(ConfigError::Invalid(
                 "the inbound request budget must hold at least one largest frame",
+            ));
+        }
+        if largest_frame > u64::from(self.inbound_queue_bytes) {
+            return Err(ConfigError::Invalid(
+                "the inbound queue must hold at least one largest frame",
             ));
         }
         if self.queue.max_messages == 0 || self.inbound_queue_messages == 0 {

@@ -45,7 +45,7 @@ pub use meshwire_proto::{self as proto, PeerId};
 pub use metrics::Metrics;
 pub use node::{
     split_into_chunks, BatchError, BatchSender, ConnectionEvent, DialError, Direction,
-    HandlerError, InboundBatch, InboundMessage, Node, NodeError, PeerChange, PeerEvents,
+    HandlerError, InboundBatch, InboundMessage, Inbox, Node, NodeError, PeerChange, PeerEvents,
     PeerStatus, RequestError, SendError, SendManyReport, ServiceError, SubscribeError,
     CLOSE_DUPLICATE, CLOSE_PROTOCOL_VIOLATION, CLOSE_SHUTDOWN, RESET_BATCH_ABANDONED,
     STOP_BATCH_DISCARDED, STOP_BATCH_MALFORMED, STOP_BATCH_NO_SUBSCRIBER, STOP_STREAM_TIMEOUT,

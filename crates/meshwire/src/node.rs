@@ -72,7 +72,7 @@ pub use batch::{
 pub use dial::DialError;
 use events::PeerWatchers;
 pub use events::{ConnectionEvent, PeerChange, PeerEvents};
-pub use inbound::{InboundMessage, STOP_STREAM_TIMEOUT};
+pub use inbound::{InboundMessage, Inbox, STOP_STREAM_TIMEOUT};
 use outbound::OutboundQueue;
 pub use outbound::{SendError, SendManyReport};
 pub(crate) use registry::Registry;
@@ -196,7 +196,7 @@ struct Inner {
     /// kept after the peer's connection and entry are gone; at most [`MAX_REMEMBERED_PATHS`].
     paths: Mutex<HashMap<PeerId, crate::congestion::PathSlot>>,
     handlers: Registry<Handler>,
-    subscribers: Registry<mpsc::Sender<InboundMessage>>,
+    subscribers: Registry<inbound::InboxSender>,
     events: broadcast::Sender<ConnectionEvent>,
     peer_watchers: PeerWatchers,
     metrics: Arc<Metrics>,

@@ -461,7 +461,7 @@ impl Shared {
     }
 
     /// Forwards pings (relays), or sends them and measures their round trip (first node).
-    async fn ping_loop(self: Arc<Self>, mut pings: mpsc::Receiver<crate::node::InboundMessage>) {
+    async fn ping_loop(self: Arc<Self>, mut pings: crate::node::Inbox) {
         let protocol = self.config.ping_protocol;
         if self.position != 0 {
             while let Some(ping) = pings.recv().await {

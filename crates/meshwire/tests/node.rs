@@ -306,6 +306,56 @@ async fn a_slow_receiver_fills_only_its_own_bounded_queue() {
     );
 }
 
+/// A subscriber that falls behind holds at most `inbound_queue_bytes` of payload, however many
+/// messages the count bound would allow; nothing is dropped, and once it reads, every message
+/// arrives in order.
+#[tokio::test]
+async fn an_unread_inbox_is_bounded_in_bytes_and_loses_nothing() {
+    const MESSAGE_BYTES: usize = 200 * 1024;
+    const MESSAGES: usize = 40;
+    let a = start(40);
+    let mut config = support::config(41);
+    config.limits.max_payload_bytes = 256 * 1024;
+    config.inbound_queue_bytes = 1024 * 1024;
+    config.inbound_queue_messages = 1024;
+    let b = Node::bind(config, loopback()).unwrap();
+    let mut inbox = b.subscribe(CHAT).unwrap();
+    connect(&a, &b).await;
+    for index in 0..MESSAGES {
+        a.send(
+            b.peer_id(),
+            CHAT,
+            Bytes::from(vec![index as u8; MESSAGE_BYTES]),
+        )
+        .await
+        .unwrap();
+    }
+    // Five messages of 200 KiB fill the 1 MiB budget; a sixth waits for room.
+    let fits = 1024 * 1024 / MESSAGE_BYTES;
+    tokio::time::timeout(support::PATIENCE, async {
+        while inbox.len() < fits {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the inbox never filled");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        inbox.len(),
+        fits,
+        "the byte budget holds while nobody reads"
+    );
+    for index in 0..MESSAGES {
+        let message = tokio::time::timeout(support::PATIENCE, inbox.recv())
+            .await
+            .expect("every message arrives once read")
+            .unwrap();
+        assert_eq!(message.payload.len(), MESSAGE_BYTES);
+        assert!(message.payload.iter().all(|byte| *byte == index as u8));
+    }
+    assert!(inbox.is_empty());
+}
+
 #[tokio::test]
 async fn simultaneous_dials_settle_on_one_connection() {
     for round in 0..3u8 {

@@ -6,8 +6,9 @@ use bytes::Bytes;
 use meshwire_proto::wire::{self, Kind, ProtocolId};
 use meshwire_proto::PeerId;
 use quinn::{Connection, RecvStream, VarInt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
+use super::registry::Attachment;
 use super::{batch, Inner, Node, SubscribeError, CLOSE_PROTOCOL_VIOLATION};
 use crate::framing::{read_frame_after, wire_error_label, ReadFrameError};
 use crate::metrics::PeerCounters;
@@ -29,16 +30,91 @@ pub struct InboundMessage {
     pub payload: Bytes,
 }
 
+/// A message waiting in an [`Inbox`], holding its payload's share of the inbox's byte budget.
+type Queued = (InboundMessage, OwnedSemaphorePermit);
+
+/// The messages sent to this node on one protocol, from [`Node::subscribe`]. At most
+/// [`crate::NodeConfig::inbound_queue_messages`] messages and
+/// [`crate::NodeConfig::inbound_queue_bytes`] payload bytes wait in it: while it is full, the node
+/// stops reading the senders' streams, and QUIC flow control slows the senders down. Nothing is
+/// dropped while the inbox lives; dropping it unsubscribes.
+#[derive(Debug)]
+pub struct Inbox {
+    rx: mpsc::Receiver<Queued>,
+}
+
+impl Inbox {
+    /// The next message, waiting for one; `None` once the node has shut down.
+    pub async fn recv(&mut self) -> Option<InboundMessage> {
+        self.rx.recv().await.map(|(message, _)| message)
+    }
+
+    /// The next message if one is waiting.
+    pub fn try_recv(&mut self) -> Result<InboundMessage, mpsc::error::TryRecvError> {
+        self.rx.try_recv().map(|(message, _)| message)
+    }
+
+    /// Messages waiting.
+    pub fn len(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// Whether no message is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.rx.is_empty()
+    }
+}
+
+/// The node's end of an [`Inbox`].
+#[derive(Clone)]
+pub(super) struct InboxSender {
+    tx: mpsc::Sender<Queued>,
+    bytes: Arc<Semaphore>,
+    budget: u32,
+}
+
+impl Attachment for InboxSender {
+    fn is_attached(&self) -> bool {
+        !self.tx.is_closed()
+    }
+}
+
+impl InboxSender {
+    /// Queues `message` once the inbox has room for it, in messages and in bytes; gives it back
+    /// if the inbox is gone.
+    async fn send(&self, message: InboundMessage) -> Result<(), InboundMessage> {
+        // At least one largest frame fits the budget (checked at start); the clamp only keeps
+        // the wait finite whatever the settings.
+        let share = u32::try_from(message.payload.len())
+            .unwrap_or(u32::MAX)
+            .min(self.budget);
+        let permit = tokio::select! {
+            permit = self.bytes.clone().acquire_many_owned(share) => match permit {
+                Ok(permit) => permit,
+                Err(_) => return Err(message),
+            },
+            () = self.tx.closed() => return Err(message),
+        };
+        self.tx
+            .send((message, permit))
+            .await
+            .map_err(|mpsc::error::SendError((message, _))| message)
+    }
+}
+
 impl Node {
     /// Receives every message sent to this node on `protocol`. One subscriber per protocol; a
     /// subscriber that stops reading slows its senders down (nothing is dropped while it lives).
-    pub fn subscribe(
-        &self,
-        protocol: ProtocolId,
-    ) -> Result<mpsc::Receiver<InboundMessage>, SubscribeError> {
-        let (tx, rx) = mpsc::channel(self.inner.config.inbound_queue_messages);
-        self.inner.subscribers.attach(protocol, tx)?;
-        Ok(rx)
+    pub fn subscribe(&self, protocol: ProtocolId) -> Result<Inbox, SubscribeError> {
+        let config = &self.inner.config;
+        let (tx, rx) = mpsc::channel(config.inbound_queue_messages);
+        let sender = InboxSender {
+            tx,
+            bytes: Arc::new(Semaphore::new(config.inbound_queue_bytes as usize)),
+            budget: config.inbound_queue_bytes,
+        };
+        self.inner.subscribers.attach(protocol, sender)?;
+        Ok(Inbox { rx })
     }
 
     /// Closes the connection to `peer` because it sent something a service above the node could

@@ -73,7 +73,7 @@ pub async fn round_trip_message(
     to: PeerId,
     protocol: meshwire::ProtocolId,
     payload: bytes::Bytes,
-    inbox: &mut tokio::sync::mpsc::Receiver<meshwire::InboundMessage>,
+    inbox: &mut meshwire::Inbox,
 ) -> meshwire::InboundMessage {
     from.send(to, protocol, payload).await.unwrap();
     tokio::time::timeout(PATIENCE, inbox.recv())
