@@ -199,14 +199,21 @@
 //!
 //!   | case | meshwire (default) | CUBIC | BBR |
 //!   |---|---|---|---|
-//!   | one direct path | 0.965 MB/s (eff. 0.97) | 0.953 MB/s (0.96) | 0.992 MB/s (1.00) |
-//!   | direct + relay | 1.864 MB/s (0.94) | 1.808 MB/s (0.92) | 1.967 MB/s (1.00) |
-//!   | direct + 128 pkt/s @ 500 ms relay | 0.880 MB/s (0.79) | (0.79) | 1.014 MB/s (0.91) |
-//!   | direct, loss 0.01 | 0.330 MB/s (0.34) | 0.142 MB/s (0.14) | 0.982 MB/s (1.00) |
-//!   | loss 0.01 + relay loss 0.1 | 0.430 MB/s (0.23) | 0.186 MB/s (0.10) | 1.815 MB/s (0.97) |
+//!   | one direct path | 0.969 MB/s (eff. 0.975) | 0.953 MB/s (0.96) | 0.992 MB/s (1.00) |
+//!   | direct + relay | 1.853 MB/s (0.938) | 1.808 MB/s (0.92) | 1.967 MB/s (1.00) |
+//!   | direct + 128 pkt/s @ 500 ms relay | 1.028 MB/s (0.927) | (0.79) | 1.014 MB/s (0.91) |
+//!   | direct, loss 0.01 | 0.932 MB/s (0.947) | 0.142 MB/s (0.14) | 0.982 MB/s (1.00) |
+//!   | loss 0.01 + relay loss 0.1 | 1.109 MB/s (0.594) | 0.186 MB/s (0.10) | 1.815 MB/s (0.97) |
 //!
 //!   (Efficiency against the latency-aware ideal, seed 1, release build, each controller as the
-//!   node's; BBR's lossy rows no longer exceed 1.0 since the lab draws loss after serialization,
+//!   node's; the meshwire column is from `docs/RESULTS.md` at 85f5e10, the others from earlier
+//!   runs. The 500 ms relay row rose from 0.79 when meshwire's controller stopped taking quinn's
+//!   initial RTT guess for the path's minimum. With four paths (`direct+3-relays`) the session
+//!   reaches 0.17: a path whose session window runs ahead of its QUIC connection's fills quinn's
+//!   1 MiB datagram buffer, seconds of queue the session cannot see, and the late packets are
+//!   resent elsewhere (4 datagrams sent per one needed). Holding such a path back while quinn's
+//!   queue exceeds a quarter of its window was tried: 0.565 there, no wasted datagrams, but the
+//!   500 ms relay row fell to 0.84 and the NCP baselines' schedulers spun; not kept. BBR's lossy rows no longer exceed 1.0 since the lab draws loss after serialization,
 //!   so a lost datagram costs its link time.) BBR is not the default because quinn's
 //!   implementation overflows drop-tail queues and starves CUBIC flows sharing a bottleneck
 //!   (`scenarios/fairness.toml`, `docs/node.md`). meshwire's controller ignores random loss only
