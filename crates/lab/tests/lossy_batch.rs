@@ -44,11 +44,10 @@ fn batch(bytes: usize, chunk_bytes: usize) -> (BatchHeader, Vec<Chunk>) {
 /// What `b` received: the header and every chunk, or the error that ended the batch.
 type Received = Result<(BatchHeader, Vec<Chunk>), String>;
 
-/// What one run saw: what `b` received, whether `a`'s send succeeded, and how many of `a`'s
-/// datagrams the emulated loss dropped.
+/// What one run saw: what `b` received, and how many of `a`'s datagrams the emulated loss
+/// dropped.
 struct Run {
     received: Received,
-    sent: bool,
     lost: u64,
 }
 
@@ -75,16 +74,18 @@ fn send_over(seed: u64, link: LinkSpec, bytes: usize, chunk_bytes: usize) -> Run
     }
     let b = lab.node_address("b").unwrap();
     let b_id = lab.peer_id("b");
-    let sent = Rc::new(RefCell::new(false));
     let lost = Rc::new(RefCell::new(0));
     {
-        let (sent, received, lost) = (sent.clone(), received.clone(), lost.clone());
+        let (received, lost) = (received.clone(), lost.clone());
         lab.client("a", move |context| async move {
-            let (node, stats) = context.start_node(context.node_config()).await?;
+            let mut config = context.node_config();
+            // At 5% loss a 5 s dial fails about once in a thousand (three handshake flights
+            // lost); the test is about the batch, so the dial gets time for more retries.
+            config.dial_timeout = Duration::from_secs(60);
+            let (node, stats) = context.start_node(config).await?;
             node.connect(b, b_id).await?;
             let (header, chunks) = batch(bytes, chunk_bytes);
             node.send_batch(b_id, header, chunks).await?;
-            *sent.borrow_mut() = true;
             while received.borrow().is_none() {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
@@ -95,13 +96,8 @@ fn send_over(seed: u64, link: LinkSpec, bytes: usize, chunk_bytes: usize) -> Run
     let finished = lab.run(Duration::from_secs(300), |_| {}).unwrap();
     assert!(finished, "the batch did not complete");
     let received = received.borrow_mut().take().expect("b received a batch");
-    let sent = *sent.borrow();
     let lost = *lost.borrow();
-    Run {
-        received,
-        sent,
-        lost,
-    }
+    Run { received, lost }
 }
 
 /// Checks that `received` is exactly the batch of `bytes` in chunks of `chunk_bytes`.
@@ -135,14 +131,18 @@ fn lossy_path(latency_ms: u64, mbit: u64, loss: f64, jitter_ms: u64) -> LinkSpec
 fn batches_through_real_loss_arrive_whole() {
     for (loss, bytes) in [(0.01, 500_000), (0.05, 3_000_000)] {
         let run = send_over(7, lossy_path(80, 1_000, loss, 0), bytes, 100_000);
-        assert!(run.sent);
         assert!(run.lost > 0, "no datagram was lost at {loss}");
         check_whole(run.received, bytes, 100_000).unwrap();
     }
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    // Each case simulates up to 300 s: a failure's shrinking is bounded so CI ends either way.
+    #![proptest_config(ProptestConfig {
+        cases: 12,
+        max_shrink_iters: 32,
+        ..ProptestConfig::default()
+    })]
 
     /// Loss up to 5%, 1-150 ms one way, 10 Mbit/s-1 Gbit/s, with or without jitter, batches of
     /// one byte to 3 MB: the batch arrives whole, in order and unchanged.
@@ -158,7 +158,6 @@ proptest! {
     ) {
         let link = lossy_path(latency_ms, mbit, loss, jitter_ms);
         let run = send_over(seed, link, bytes, chunk_bytes);
-        prop_assert!(run.sent, "the sender's send_batch did not succeed");
         check_whole(run.received, bytes, chunk_bytes)?;
     }
 }

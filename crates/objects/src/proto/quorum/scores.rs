@@ -88,8 +88,20 @@ pub struct PeerScores<P> {
     extra_tokens: f64,
     /// When each request still out to a peer was sent (see [`PeerScores::on_request_sent`]).
     outstanding: HashMap<P, Vec<Instant>>,
-    /// When each peer's lateness was last taken as news (see [`PeerScores::late_is_news`]).
-    late_noticed: HashMap<P, Instant>,
+    /// When each peer's lateness was last taken as news, and when the request that made it was
+    /// sent (see [`PeerScores::lateness`]).
+    late_noticed: HashMap<P, (Instant, Instant)>,
+}
+
+/// What a late outcome tells ([`PeerScores::lateness`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lateness {
+    /// A new episode: counted.
+    News,
+    /// The request whose lateness was the news, ending now: measured, not counted again.
+    Counted,
+    /// A request that waited behind the news: neither.
+    Queued,
 }
 
 /// Requests out to one peer that are tracked at most; only the oldest matter to the ranking.
@@ -107,24 +119,26 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
         }
     }
 
-    /// Whether the lateness of the request to `peer` sent at `sent`, noticed at `now`, is news,
-    /// and if so remembers `now`. It is not when the request was sent before the peer's last
-    /// lateness was noticed: it then waited behind that late request, and its lateness is the same
-    /// episode (TCP likewise reacts once to the losses of one window). A slow peer still sinks at
-    /// its first late request; a peer whose answers queued for a moment (a cold connection's
-    /// window, a burst of requests) is charged once for the burst, not once per request in it.
-    fn late_is_news(&mut self, peer: P, sent: Instant, now: Instant) -> bool {
+    /// What the lateness of the request to `peer` sent at `sent`, noticed at `now`, tells, and
+    /// when it is news, remembers it. It is no news when the request was sent before the peer's
+    /// last lateness was noticed: it then waited behind that late request, and its lateness is
+    /// the same episode (TCP likewise reacts once to the losses of one window). A slow peer still
+    /// sinks at its first late request; a peer whose answers queued for a moment (a cold
+    /// connection's window, a burst of requests) is charged once for the burst, not once per
+    /// request in it. The request that made the news is still measured when it ends.
+    fn lateness(&mut self, peer: P, sent: Instant, now: Instant) -> Lateness {
         match self.late_noticed.get_mut(&peer) {
-            Some(noticed) if sent < *noticed => false,
-            Some(noticed) => {
-                *noticed = now;
-                true
+            Some((_, news_sent)) if sent == *news_sent => Lateness::Counted,
+            Some((noticed, _)) if sent < *noticed => Lateness::Queued,
+            Some(entry) => {
+                *entry = (now, sent);
+                Lateness::News
             }
             None => {
                 if self.late_noticed.len() < self.config.max_peers {
-                    self.late_noticed.insert(peer, now);
+                    self.late_noticed.insert(peer, (now, sent));
                 }
-                true
+                Lateness::News
             }
         }
     }
@@ -178,7 +192,9 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
         }))
     }
 
-    fn observe(&mut self, peer: P, sample: Duration, failed: bool, late: bool) {
+    /// Feeds a latency sample, an outcome to the error EWMA and, unless `late` is `None` (the
+    /// request's lateness was counted already), one to the lateness EWMA.
+    fn observe(&mut self, peer: P, sample: Duration, failed: bool, late: Option<bool>) {
         let (alpha, beta, error_alpha) =
             (self.config.alpha, self.config.beta, self.config.error_alpha);
         let sample_ms = sample.as_secs_f64() * 1e3;
@@ -187,27 +203,33 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
                 (1.0 - beta) * stats.rttvar_ms + beta * (stats.srtt_ms - sample_ms).abs();
             stats.srtt_ms = (1.0 - alpha) * stats.srtt_ms + alpha * sample_ms;
             stats.error = ewma(stats.error, error_alpha, failed);
-            stats.late = ewma(stats.late, error_alpha, failed || late);
+            if let Some(late) = late {
+                stats.late = ewma(stats.late, error_alpha, failed || late);
+            } else if stats.late.is_nan() {
+                stats.late = 1.0;
+            }
         }
     }
 
     /// `peer` answered after `latency`, before its hedge delay.
     pub fn record_success(&mut self, peer: P, latency: Duration) {
-        self.observe(peer, latency, false, false);
+        self.observe(peer, latency, false, Some(false));
     }
 
     /// `peer` answered the request sent at `sent` after `latency`, later than its hedge delay:
     /// the answer counts, but the peer was late (unless that is no news, see
     /// [`Self::late_is_news`]: then the sample is left out).
     pub fn record_late_success(&mut self, peer: P, sent: Instant, latency: Duration) {
-        if self.late_is_news(peer, sent, sent + latency) {
-            self.observe(peer, latency, false, true);
+        match self.lateness(peer, sent, sent + latency) {
+            Lateness::News => self.observe(peer, latency, false, Some(true)),
+            Lateness::Counted => self.observe(peer, latency, false, None),
+            Lateness::Queued => {}
         }
     }
 
     /// `peer` failed after `elapsed` (an error or a timeout).
     pub fn record_failure(&mut self, peer: P, elapsed: Duration) {
-        self.observe(peer, elapsed, true, true);
+        self.observe(peer, elapsed, true, Some(true));
     }
 
     /// `peer` had not answered after `elapsed`, either when a plan passed its hedge delay
@@ -221,16 +243,20 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
             // Cancelled before it was due: nothing is known of it yet.
             return;
         }
-        if late && !self.late_is_news(peer, sent, sent + elapsed) {
-            return;
-        }
+        let counted = late && {
+            match self.lateness(peer, sent, sent + elapsed) {
+                Lateness::Queued => return,
+                Lateness::Counted => false,
+                Lateness::News => true,
+            }
+        };
         let error_alpha = self.config.error_alpha;
         if let Some(stats) = self.entry(peer, sample_ms) {
             if sample_ms > stats.srtt_ms {
                 stats.rttvar_ms = stats.rttvar_ms.max((sample_ms - stats.srtt_ms) / 2.0);
                 stats.srtt_ms = sample_ms;
             }
-            if late {
+            if counted || (late && stats.late.is_nan()) {
                 stats.late = ewma(stats.late, error_alpha, true);
             }
             if stats.error.is_nan() {
@@ -373,7 +399,7 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
                     ),
                 };
                 let (score, timely) = match self.oldest_outstanding(peer, now) {
-                    Some(age) if age > hedge_after => (age.as_secs_f64() * 1e3, 0.0),
+                    Some(age) if age > hedge_after => (score.max(age.as_secs_f64() * 1e3), 0.0),
                     Some(age) => (score.max(age.as_secs_f64() * 1e3), timely),
                     None => (score, timely),
                 };
@@ -546,6 +572,32 @@ mod tests {
         assert_eq!(scores.oldest_outstanding(0, t0 + ms(500)), None);
         let ranked = scores.rank(&candidates, t0 + ms(500), &mut rng);
         assert_eq!(order(&ranked), vec![0, 1]);
+    }
+
+    #[test]
+    fn a_late_answer_is_measured_but_lateness_counts_once_per_episode() {
+        let mut scores = PeerScores::<u32>::new(ScoreConfig::default());
+        let t0 = Instant::now();
+        for _ in 0..10 {
+            scores.record_success(0, ms(50));
+        }
+        // Request A, sent at t0, passes its hedge delay: news.
+        scores.record_unanswered(0, t0, ms(100), true);
+        let lateness = 1.0 - scores.timely(0);
+        assert!(lateness > 0.0);
+        // B and C were sent behind A: the same episode, neither counted nor measured.
+        let before = scores.expected_latency(0);
+        scores.record_late_success(0, t0 + ms(20), ms(900));
+        scores.record_unanswered(0, t0 + ms(40), ms(880), true);
+        assert_eq!(1.0 - scores.timely(0), lateness);
+        assert_eq!(scores.expected_latency(0), before);
+        // A itself answers after a second: measured, not counted late again.
+        scores.record_late_success(0, t0, ms(1000));
+        assert!(scores.expected_latency(0) > before);
+        assert_eq!(1.0 - scores.timely(0), lateness);
+        // A request sent after the lateness was noticed starts a new episode.
+        scores.record_late_success(0, t0 + ms(200), ms(900));
+        assert!(1.0 - scores.timely(0) > lateness);
     }
 
     #[test]
