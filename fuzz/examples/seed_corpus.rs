@@ -32,6 +32,7 @@ fn main() {
     for (target, seeds) in [
         ("decode_frame", frames()),
         ("decode_batch", batches()),
+        ("decode_repair", repairs()),
         ("decode_gossip_batch", gossip()),
         ("decode_object", objects()),
         ("decode_session", session()),
@@ -113,6 +114,60 @@ fn frames() -> Vec<Vec<u8>> {
 }
 
 /// `[piece][stream]`: the golden batch and one with several chunks.
+/// A 3,000-byte stream with a recovery plan for all of it: its pieces with one or two lost, then
+/// its recovery shards, as `decode_repair` operations.
+fn repairs() -> Vec<Vec<u8>> {
+    use meshwire_proto::batch::repair::{encode_region, RepairPlan, RepairShard, TailBuffer};
+    let stream: Vec<u8> = (0..3_000u32).map(|i| (i * 7) as u8).collect();
+    let plan = RepairPlan::for_tail(3_000, 3_000, 500, 600, 0.05).expect("a plan");
+    let mut tail = TailBuffer::new(0, 1 << 20);
+    tail.push(Bytes::from(stream.clone()));
+    let shards = encode_region(&plan, &tail).expect("encode shards");
+    let op = |kind: u8, bytes: &[u8]| {
+        let mut out = vec![kind];
+        out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+        out.extend_from_slice(bytes);
+        out
+    };
+    let piece = |index: usize| {
+        let start = index * 600;
+        let mut bytes = (start as u16).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&stream[start..start + 600]);
+        op(0, &bytes)
+    };
+    let shard = |index: usize| {
+        let encoded = RepairShard {
+            stream: 2,
+            plan,
+            index: index as u16,
+            data: Bytes::from(shards[index].clone()),
+        }
+        .encode();
+        op(1, &encoded)
+    };
+    let mut seeds = Vec::new();
+    for lost in [vec![4], vec![1, 3]] {
+        let mut seed = Vec::new();
+        for index in (0..5).filter(|index| !lost.contains(index)) {
+            seed.extend(piece(index));
+        }
+        for index in 0..shards.len() {
+            seed.extend(shard(index));
+        }
+        seeds.push(seed);
+    }
+    // Shards before the stream, as they usually arrive.
+    let mut early = Vec::new();
+    for index in 0..shards.len() {
+        early.extend(shard(index));
+    }
+    for index in [0, 2, 3] {
+        early.extend(piece(index));
+    }
+    seeds.push(early);
+    seeds
+}
+
 fn batches() -> Vec<Vec<u8>> {
     let header = |slot_count, total_bytes| BatchHeader {
         protocol: 7,

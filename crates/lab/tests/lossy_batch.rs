@@ -1,5 +1,6 @@
 //! Batches over lossy paths in the lab, with default settings: whatever the loss rate, path and
-//! batch size, a batch completes and arrives whole, in order and unchanged.
+//! batch size, a batch completes and arrives whole, in order and unchanged, including batches
+//! whose tail the receiver rebuilt from recovery shards.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -44,28 +45,41 @@ fn batch(bytes: usize, chunk_bytes: usize) -> (BatchHeader, Vec<Chunk>) {
 /// What `b` received: the header and every chunk, or the error that ended the batch.
 type Received = Result<(BatchHeader, Vec<Chunk>), String>;
 
-/// What one run saw: what `b` received, and how many of `a`'s datagrams the emulated loss
-/// dropped.
+/// What one run saw: what `b` received, how many of `a`'s datagrams the emulated loss dropped,
+/// and the batches `b` completed with bytes rebuilt from recovery shards.
 struct Run {
-    received: Received,
+    received: Vec<Received>,
     lost: u64,
+    repaired: u64,
 }
 
-/// Sends one batch of `bytes` in chunks of `chunk_bytes` from `a` to `b` over `link` (both
-/// directions).
-fn send_over(seed: u64, link: LinkSpec, bytes: usize, chunk_bytes: usize) -> Run {
+/// The value of counter `name` in a node's metrics text.
+fn counter(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Sends `count` batches of `bytes` in chunks of `chunk_bytes`, one after another, from `a` to
+/// `b` over `link` (both directions).
+fn send_over(seed: u64, link: LinkSpec, bytes: usize, chunk_bytes: usize, count: usize) -> Run {
     let mut lab = Lab::new(seed, link, Duration::from_secs(300));
-    let received: Rc<RefCell<Option<Received>>> = Rc::default();
+    let received: Rc<RefCell<Vec<Received>>> = Rc::default();
+    let repaired = Rc::new(RefCell::new(0));
     {
-        let received = received.clone();
+        let (received, repaired) = (received.clone(), repaired.clone());
         lab.host("b", move |context| {
-            let received = received.clone();
+            let (received, repaired) = (received.clone(), repaired.clone());
             async move {
                 let (node, _) = context.start_node(context.node_config()).await?;
                 let mut inbox = node.subscribe_batches(DATA)?;
-                if let Some(batch) = inbox.recv().await {
+                while let Some(batch) = inbox.recv().await {
                     let result = batch.collect().await.map_err(|error| error.to_string());
-                    *received.borrow_mut() = Some(result);
+                    *repaired.borrow_mut() = counter(
+                        &node.metrics().encode_text(),
+                        "meshwire_batches_repaired_total",
+                    );
+                    received.borrow_mut().push(result);
                 }
                 std::future::pending::<()>().await;
                 Ok(())
@@ -84,9 +98,11 @@ fn send_over(seed: u64, link: LinkSpec, bytes: usize, chunk_bytes: usize) -> Run
             config.dial_timeout = Duration::from_secs(60);
             let (node, stats) = context.start_node(config).await?;
             node.connect(b, b_id).await?;
-            let (header, chunks) = batch(bytes, chunk_bytes);
-            node.send_batch(b_id, header, chunks).await?;
-            while received.borrow().is_none() {
+            for _ in 0..count {
+                let (header, chunks) = batch(bytes, chunk_bytes);
+                node.send_batch(b_id, header, chunks).await?;
+            }
+            while received.borrow().len() < count {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
             *lost.borrow_mut() = stats.lost.load(std::sync::atomic::Ordering::Relaxed);
@@ -95,14 +111,19 @@ fn send_over(seed: u64, link: LinkSpec, bytes: usize, chunk_bytes: usize) -> Run
     }
     let finished = lab.run(Duration::from_secs(300), |_| {}).unwrap();
     assert!(finished, "the batch did not complete");
-    let received = received.borrow_mut().take().expect("b received a batch");
+    let received = received.take();
     let lost = *lost.borrow();
-    Run { received, lost }
+    let repaired = *repaired.borrow();
+    Run {
+        received,
+        lost,
+        repaired,
+    }
 }
 
 /// Checks that `received` is exactly the batch of `bytes` in chunks of `chunk_bytes`.
-fn check_whole(received: Received, bytes: usize, chunk_bytes: usize) -> Result<(), TestCaseError> {
-    let (header, chunks) = received.map_err(TestCaseError::fail)?;
+fn check_whole(received: &Received, bytes: usize, chunk_bytes: usize) -> Result<(), TestCaseError> {
+    let (header, chunks) = received.clone().map_err(TestCaseError::fail)?;
     let (expected_header, expected_chunks) = batch(bytes, chunk_bytes);
     prop_assert_eq!(header, expected_header);
     prop_assert_eq!(chunks.len(), expected_chunks.len());
@@ -130,9 +151,26 @@ fn lossy_path(latency_ms: u64, mbit: u64, loss: f64, jitter_ms: u64) -> LinkSpec
 #[test]
 fn batches_through_real_loss_arrive_whole() {
     for (loss, bytes) in [(0.01, 500_000), (0.05, 3_000_000)] {
-        let run = send_over(7, lossy_path(80, 1_000, loss, 0), bytes, 100_000);
+        let run = send_over(7, lossy_path(80, 1_000, loss, 0), bytes, 100_000, 1);
         assert!(run.lost > 0, "no datagram was lost at {loss}");
-        check_whole(run.received, bytes, 100_000).unwrap();
+        check_whole(&run.received[0], bytes, 100_000).unwrap();
+    }
+}
+
+/// Batches after the first on a path that has lost packets carry recovery shards for their tail:
+/// some arrive with lost bytes rebuilt from them, and every batch is whole.
+#[test]
+fn batch_tails_lost_on_a_lossy_path_are_rebuilt_from_recovery_shards() {
+    let bytes = 240_000;
+    let run = send_over(5, lossy_path(37, 135, 0.015, 0), bytes, 500, 12);
+    assert!(run.lost > 0, "no datagram was lost");
+    assert!(
+        run.repaired > 0,
+        "no batch was rebuilt from recovery shards"
+    );
+    assert_eq!(run.received.len(), 12);
+    for received in &run.received {
+        check_whole(received, bytes, 500).unwrap();
     }
 }
 
@@ -145,7 +183,7 @@ proptest! {
     })]
 
     /// Loss up to 5%, 1-150 ms one way, 10 Mbit/s-1 Gbit/s, with or without jitter, batches of
-    /// one byte to 3 MB: the batch arrives whole, in order and unchanged.
+    /// one byte to 3 MB: both batches arrive whole, in order and unchanged.
     #[test]
     fn a_batch_on_a_lossy_path_arrives_whole(
         seed in 1u64..1_000,
@@ -157,7 +195,11 @@ proptest! {
         chunk_bytes in prop_oneof![Just(1_000usize), 1_000usize..300_000],
     ) {
         let link = lossy_path(latency_ms, mbit, loss, jitter_ms);
-        let run = send_over(seed, link, bytes, chunk_bytes);
-        check_whole(run.received, bytes, chunk_bytes)?;
+        // Two batches: the second, on a connection that has seen its losses, carries recovery
+        // shards for its tail.
+        let run = send_over(seed, link, bytes, chunk_bytes, 2);
+        for received in &run.received {
+            check_whole(received, bytes, chunk_bytes)?;
+        }
     }
 }

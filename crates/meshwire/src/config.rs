@@ -74,6 +74,11 @@ pub struct TransportSettings {
     /// Bytes of QUIC datagrams buffered per connection in each direction (sent and waiting for
     /// the congestion controller; received and not yet read).
     pub datagram_buffer_bytes: usize,
+    /// Whether a batch sent on a path that has lost packets carries recovery shards for its tail,
+    /// so that losses in its last round trip are rebuilt by the receiver instead of costing a
+    /// retransmission round trip ([`meshwire_proto::batch::repair`]). A path that has lost
+    /// nothing gets none. Receiving nodes always use shards that arrive.
+    pub batch_repair: bool,
 }
 
 impl Default for TransportSettings {
@@ -90,6 +95,7 @@ impl Default for TransportSettings {
             max_concurrent_requests: 256,
             max_concurrent_uni_streams: 32,
             datagram_buffer_bytes: 1 << 20,
+            batch_repair: true,
         }
     }
 }

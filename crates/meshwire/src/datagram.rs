@@ -9,9 +9,12 @@
 //! checks the free space first and refuses with [`DatagramError::BufferFull`] instead, so the caller
 //! (the multipath session) learns about every datagram that did not go out.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::{BufMut, Bytes, BytesMut};
+use meshwire_proto::batch::repair::RepairShard;
 use meshwire_proto::wire::ProtocolId;
 use meshwire_proto::PeerId;
 use quinn::{Connection, SendDatagramError};
@@ -21,6 +24,9 @@ use crate::node::{Registry, SubscribeError};
 
 /// The longest protocol tag: a `u32` takes at most five varint bytes.
 const MAX_TAG_BYTES: usize = 5;
+/// Recovery shards held for batch streams not read yet, over all connections. Shards usually
+/// overtake their stream: QUIC sends datagrams ahead of queued stream data.
+const EARLY_SHARDS: usize = 1024;
 
 /// A datagram that arrived from a peer.
 #[derive(Debug, Clone)]
@@ -59,11 +65,43 @@ pub enum DatagramError {
     ConnectionLost,
 }
 
-/// Where a node's inbound datagrams go: one bounded queue per protocol, drops counted.
+/// Where a node's inbound datagrams go: one bounded queue per protocol, drops counted; recovery
+/// shards ([`crate::protocols::BATCH_REPAIR`]) to the inbound batch stream they name.
 #[derive(Default)]
 pub(crate) struct DatagramInbox {
     subscribers: Registry<mpsc::Sender<InboundDatagram>>,
+    /// Inbound batch streams taking recovery shards, and shards that came before their stream.
+    taps: Mutex<Taps>,
     dropped: AtomicU64,
+}
+
+#[derive(Default)]
+struct Taps {
+    /// Streams taking shards, by connection and stream id.
+    open: HashMap<(usize, u64), mpsc::Sender<Bytes>>,
+    /// Shards for streams not tapped yet, oldest first, at most [`EARLY_SHARDS`].
+    early: VecDeque<((usize, u64), Bytes)>,
+    /// Per connection, the highest stream tapped so far: a shard for a lower stream without a
+    /// tap is late (its batch is complete) and dropped at once.
+    highest: HashMap<usize, u64>,
+    /// Connections whose peer has sent recovery shards: their streams keep the bytes handed on.
+    repairing: HashSet<usize>,
+}
+
+/// The recovery shards for one inbound batch stream; dropping it stops their delivery.
+#[derive(Debug)]
+pub(crate) struct StreamTap {
+    pub(crate) shards: mpsc::Receiver<Bytes>,
+    /// The peer has sent recovery shards on this connection before.
+    pub(crate) repairing: bool,
+    inbox: Arc<DatagramInbox>,
+    key: (usize, u64),
+}
+
+impl Drop for StreamTap {
+    fn drop(&mut self) {
+        crate::node::lock(&self.inbox.taps).open.remove(&self.key);
+    }
 }
 
 impl std::fmt::Debug for DatagramInbox {
@@ -92,8 +130,43 @@ impl DatagramInbox {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    fn deliver(&self, from: PeerId, datagram: Bytes) {
+    /// Takes the recovery shards for stream `stream` of connection `connection`, at most
+    /// `capacity` waiting; later ones are dropped and counted.
+    pub(crate) fn tap_stream(
+        self: &Arc<Self>,
+        connection: usize,
+        stream: u64,
+        capacity: usize,
+    ) -> StreamTap {
+        let (tx, shards) = mpsc::channel(capacity.max(1));
+        let key = (connection, stream);
+        let mut taps = crate::node::lock(&self.taps);
+        let highest = taps.highest.entry(connection).or_insert(stream);
+        *highest = (*highest).max(stream);
+        taps.early.retain(|(early, shard)| {
+            *early != key || {
+                let _ = tx.try_send(shard.clone());
+                false
+            }
+        });
+        taps.open.insert(key, tx);
+        let repairing = taps.repairing.contains(&connection);
+        drop(taps);
+        StreamTap {
+            shards,
+            repairing,
+            inbox: self.clone(),
+            key,
+        }
+    }
+
+    fn deliver(&self, from: PeerId, connection: usize, datagram: Bytes) {
         let delivered = match decode_tag(&datagram) {
+            Some((crate::protocols::BATCH_REPAIR, tag_len)) => {
+                let payload = datagram.slice(tag_len..);
+                RepairShard::stream_of(&payload)
+                    .is_some_and(|stream| self.route_shard((connection, stream), payload))
+            }
             Some((protocol, tag_len)) => {
                 let subscriber = self.subscribers.get(protocol);
                 subscriber.is_some_and(|tx| {
@@ -113,15 +186,34 @@ impl DatagramInbox {
         }
     }
 
-    /// Reads `connection`'s datagrams into the inbox until it closes.
-    pub(crate) async fn receive_loop(
-        self: std::sync::Arc<Self>,
-        connection: Connection,
-        from: PeerId,
-    ) {
-        while let Ok(datagram) = connection.read_datagram().await {
-            self.deliver(from, datagram);
+    /// Hands a recovery shard to its stream's tap, or holds it until the stream is read.
+    fn route_shard(&self, key: (usize, u64), shard: Bytes) -> bool {
+        let mut taps = crate::node::lock(&self.taps);
+        taps.repairing.insert(key.0);
+        if let Some(tx) = taps.open.get(&key) {
+            return tx.try_send(shard).is_ok();
         }
+        if taps.highest.get(&key.0).is_some_and(|&high| high >= key.1) {
+            return false;
+        }
+        if taps.early.len() == EARLY_SHARDS {
+            taps.early.pop_front();
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        taps.early.push_back((key, shard));
+        true
+    }
+
+    /// Reads `connection`'s datagrams into the inbox until it closes.
+    pub(crate) async fn receive_loop(self: Arc<Self>, connection: Connection, from: PeerId) {
+        let id = connection.stable_id();
+        while let Ok(datagram) = connection.read_datagram().await {
+            self.deliver(from, id, datagram);
+        }
+        let mut taps = crate::node::lock(&self.taps);
+        taps.highest.remove(&id);
+        taps.repairing.remove(&id);
+        taps.early.retain(|((connection, _), _)| *connection != id);
     }
 }
 

@@ -48,6 +48,7 @@ pub use node::{
     HandlerError, InboundBatch, InboundMessage, Inbox, Node, NodeError, PeerChange, PeerEvents,
     PeerStatus, RequestError, SendError, SendManyReport, ServiceError, SubscribeError,
     CLOSE_DUPLICATE, CLOSE_PROTOCOL_VIOLATION, CLOSE_SHUTDOWN, RESET_BATCH_ABANDONED,
-    STOP_BATCH_DISCARDED, STOP_BATCH_MALFORMED, STOP_BATCH_NO_SUBSCRIBER, STOP_STREAM_TIMEOUT,
+    STOP_BATCH_DISCARDED, STOP_BATCH_MALFORMED, STOP_BATCH_NO_SUBSCRIBER, STOP_BATCH_REPAIRED,
+    STOP_STREAM_TIMEOUT,
 };
 pub use udp::SocketBuffers;

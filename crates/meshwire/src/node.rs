@@ -67,7 +67,7 @@ mod tiebreak;
 
 pub use batch::{
     split_into_chunks, BatchError, BatchSender, InboundBatch, RESET_BATCH_ABANDONED,
-    STOP_BATCH_DISCARDED, STOP_BATCH_MALFORMED, STOP_BATCH_NO_SUBSCRIBER,
+    STOP_BATCH_DISCARDED, STOP_BATCH_MALFORMED, STOP_BATCH_NO_SUBSCRIBER, STOP_BATCH_REPAIRED,
 };
 pub use dial::DialError;
 use events::PeerWatchers;
@@ -211,7 +211,7 @@ struct Inner {
     socket_buffers: std::sync::OnceLock<crate::SocketBuffers>,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding one of these locks leaves plain data behind; keep serving.
     mutex
         .lock()

@@ -24,6 +24,9 @@ pub const RESERVED: RangeInclusive<u32> = 0x4000_0000..=0xffff_ffff;
 
 /// Multipath session packets, one per datagram (`meshwire-session`).
 pub const SESSION_DATAGRAM: ProtocolId = ProtocolId(0x40);
+/// Recovery shards for the tail of a batch stream, addressed to the stream
+/// ([`meshwire_proto::batch::repair`]); the node routes them itself, nobody subscribes.
+pub const BATCH_REPAIR: ProtocolId = ProtocolId(0x41);
 
 /// Gossip batches (`meshwire-gossip`), "GOSP".
 pub const GOSSIP: ProtocolId = ProtocolId(0x474f_5350);

@@ -237,3 +237,69 @@ async fn a_batch_nobody_subscribed_to_is_stopped() {
     .await;
     assert!(dropped.is_ok());
 }
+
+/// A recovery shard that does not parse, sent by the batch's own sender on the batch's stream:
+/// the batch fails with a typed error on both ends and is counted; the connection and the node
+/// go on (the next batch arrives whole).
+#[tokio::test]
+async fn a_malformed_repair_shard_fails_its_batch_only() {
+    let (a, b) = (start(67), start(68));
+    let mut inbox = b.subscribe_batches(BULK).unwrap();
+    connect(&a, &b).await;
+    let chunks = split_into_chunks(&payload(3_000, 6), 1_000);
+    let mut sender = a.open_batch(b.peer_id(), header(5, &chunks)).await.unwrap();
+    sender.send_chunk(chunks[0].clone()).await.unwrap();
+    let mut batch = tokio::time::timeout(PATIENCE, inbox.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(batch.next_chunk().await.unwrap(), Some(chunks[0].clone()));
+    // The client's first one-way stream has id 2: a header naming it, with a shard size of 3
+    // (odd, below the minimum) and no shard.
+    let mut shard = Vec::new();
+    shard.extend_from_slice(&2u64.to_le_bytes());
+    shard.extend_from_slice(&0u64.to_le_bytes());
+    shard.extend_from_slice(&1000u32.to_le_bytes());
+    shard.extend_from_slice(&3u16.to_le_bytes());
+    shard.extend_from_slice(&1u16.to_le_bytes());
+    shard.extend_from_slice(&0u16.to_le_bytes());
+    a.send_datagram(
+        b.peer_id(),
+        meshwire::protocols::BATCH_REPAIR,
+        Bytes::from(shard),
+    )
+    .unwrap();
+    let outcome = tokio::time::timeout(PATIENCE, batch.next_chunk())
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome.unwrap_err(),
+        BatchError::Codec(CodecError::BadRepair("shard size"))
+    );
+    for chunk in chunks.iter().skip(1).cloned() {
+        // The receiver has stopped the stream; a write may already see it.
+        if sender.send_chunk(chunk).await.is_err() {
+            break;
+        }
+    }
+    assert_eq!(
+        tokio::time::timeout(PATIENCE, sender.finish())
+            .await
+            .unwrap()
+            .unwrap_err(),
+        BatchError::Stopped(meshwire::STOP_BATCH_MALFORMED.into())
+    );
+    assert!(b
+        .metrics()
+        .encode_text()
+        .contains("batch_errors_total{reason=\"bad_repair\"} 1"));
+    // The connection carries the next batch whole.
+    let sent = a.send_batch(b.peer_id(), header(6, &chunks), chunks.clone());
+    let received = async { inbox.recv().await.unwrap().collect().await.unwrap() };
+    let (sent, (_, received)) =
+        tokio::time::timeout(PATIENCE, async { tokio::join!(sent, received) })
+            .await
+            .unwrap();
+    sent.unwrap();
+    assert_eq!(received, chunks);
+}

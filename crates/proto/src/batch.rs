@@ -32,6 +32,8 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+pub mod repair;
+
 /// The two bytes that open every batch stream: `"MB"`.
 pub const BATCH_MAGIC: [u8; 2] = *b"MB";
 /// The batch format version this code writes and accepts.
@@ -171,6 +173,17 @@ pub enum BatchError {
     /// The sender used the encoder out of order (a chunk after the end).
     #[error("batch already ended")]
     AlreadyEnded,
+    /// A recovery shard for the batch's tail is malformed or contradicts the stream.
+    #[error("bad repair shard: {0}")]
+    BadRepair(&'static str),
+    /// More bytes arrived after a hole in the stream than the receiver holds.
+    #[error("{held} bytes held after a hole in the batch stream, limit {max}")]
+    ReorderOverflow {
+        /// Bytes held.
+        held: u64,
+        /// The limit.
+        max: u64,
+    },
 }
 
 impl BatchError {
@@ -189,6 +202,8 @@ impl BatchError {
             Self::Truncated { .. } => "truncated",
             Self::TrailingBytes(_) => "trailing_bytes",
             Self::AlreadyEnded => "already_ended",
+            Self::BadRepair(_) => "bad_repair",
+            Self::ReorderOverflow { .. } => "reorder_overflow",
         }
     }
 }

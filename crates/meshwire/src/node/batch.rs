@@ -11,8 +11,19 @@
 //! The receiving node reads the header (within `inbound_request_timeout`), then hands an
 //! [`InboundBatch`] to the protocol's batch subscriber, which pulls chunks one by one as they
 //! arrive. Pulling is the backpressure: an application that stops reading stops the stream, and
-//! QUIC flow control slows the sender. At most one chunk plus one 64 KiB read is buffered; room
-//! for a chunk is reserved once its prefix has arrived, so each byte is copied into it once.
+//! QUIC flow control slows the sender.
+//!
+//! **Tail repair.** On a path that has lost packets the sender adds Reed–Solomon recovery shards
+//! for the batch's last round trip, one datagram each ([`meshwire_proto::batch::repair`],
+//! [`crate::TransportSettings::batch_repair`]): a loss there would otherwise add a retransmission
+//! round trip to the batch. The receiver reads the stream out of order, hands bytes on in order,
+//! and rebuilds holes from the shards; a batch completed that way is stopped with
+//! [`STOP_BATCH_REPAIRED`], which the sender's [`BatchSender::finish`] takes as success. The
+//! receiver holds at most one chunk, the bytes after a hole (at most twice the stream window,
+//! else [`meshwire_proto::batch::BatchError::ReorderOverflow`]) and, on a connection whose peer
+//! has sent shards, the last 4 MiB handed on (original shards for decoding; a connection that
+//! never lost a packet keeps none). Shard bytes sent are counted in
+//! `meshwire_batch_repair_sent_bytes_total`, batches rebuilt in `meshwire_batches_repaired_total`.
 //!
 //! Failure is typed on both ends, never a partial batch passed off as whole:
 //! - a sender that drops or fails a [`BatchSender`] before [`BatchSender::finish`] resets the
@@ -29,6 +40,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use meshwire_proto::batch::repair::{
+    self, Reassembly, RepairPlan, RepairShard, TailBuffer, MAX_RECOVERY_SHARDS, MAX_REGION_BYTES,
+    MAX_SHARD_BYTES, REPAIR_HEADER_LEN,
+};
 use meshwire_proto::batch::{
     self as codec, BatchDecoder, BatchEncoder, BatchEvent, BatchHeader, BatchLimits, Chunk,
 };
@@ -37,12 +52,17 @@ use meshwire_proto::PeerId;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use quinn::{ConnectionError, ReadError, RecvStream, SendStream, StoppedError, VarInt, WriteError};
+use quinn::{
+    Connection, ConnectionError, ReadError, RecvStream, SendStream, StoppedError, VarInt,
+    WriteError,
+};
 use tokio::sync::mpsc;
 
 use super::registry::Registry;
 use super::{Inner, Node, SubscribeError};
+use crate::datagram::{self, StreamTap};
 use crate::metrics::Metrics;
+use crate::protocols::BATCH_REPAIR;
 
 pub(super) use meshwire_proto::batch::BATCH_MAGIC;
 
@@ -54,6 +74,9 @@ pub const STOP_BATCH_MALFORMED: u32 = 0x11;
 pub const STOP_BATCH_NO_SUBSCRIBER: u32 = 0x12;
 /// Stop-sending code: the receiving application discarded the batch.
 pub const STOP_BATCH_DISCARDED: u32 = 0x13;
+/// Stop-sending code: the receiver has the whole batch, part of it rebuilt from recovery shards,
+/// and needs no retransmission. A success for the sender.
+pub const STOP_BATCH_REPAIRED: u32 = 0x14;
 
 /// Bytes read from the stream at a time.
 const READ_STEP: usize = 64 * 1024;
@@ -132,6 +155,8 @@ struct BatchMetrics {
     sent: Counter,
     received: Counter,
     bytes_received: Counter,
+    repair_sent: Counter,
+    repaired: Counter,
     errors: Family<ReasonLabel, Counter>,
 }
 
@@ -172,6 +197,17 @@ impl BatchService {
                 prometheus_client::registry::Unit::Bytes,
                 batch_metrics.bytes_received.clone(),
             );
+            registry.register_with_unit(
+                "batch_repair_sent",
+                "Recovery shard bytes sent for batch tails (redundant bytes)",
+                prometheus_client::registry::Unit::Bytes,
+                batch_metrics.repair_sent.clone(),
+            );
+            registry.register(
+                "batches_repaired",
+                "Batches received whole with bytes rebuilt from recovery shards",
+                batch_metrics.repaired.clone(),
+            );
             registry.register(
                 "batch_errors",
                 "Batches that failed on either end, by reason",
@@ -194,6 +230,10 @@ pub struct BatchSender {
     encoder: BatchEncoder,
     finished: bool,
     metrics: BatchMetrics,
+    connection: Connection,
+    /// The stream's last bytes, for recovery shards; `None` when repair is off or the connection
+    /// had lost no packet when the batch opened.
+    tail: Option<TailBuffer>,
 }
 
 impl BatchSender {
@@ -206,6 +246,10 @@ impl BatchSender {
     pub async fn send_chunk(&mut self, chunk: Chunk) -> Result<(), BatchError> {
         let result = async {
             let prefix = self.encoder.chunk(chunk.slots, chunk.data.len())?;
+            if let Some(tail) = &mut self.tail {
+                tail.push(prefix.clone());
+                tail.push(chunk.data.clone());
+            }
             self.send
                 .write_all_chunks(&mut [prefix, chunk.data])
                 .await?;
@@ -215,17 +259,23 @@ impl BatchSender {
         self.fail_on_error(result)
     }
 
-    /// Sends the end record and waits until the receiver has acknowledged every byte. Fails if the
-    /// chunks sent do not add up to the header, or the receiver stopped the batch.
+    /// Sends the end record and waits until the receiver has acknowledged every byte (or has
+    /// rebuilt the missing ones from recovery shards). Fails if the chunks sent do not add up to
+    /// the header, or the receiver stopped the batch.
     pub async fn finish(mut self) -> Result<(), BatchError> {
         let result = async {
             let end = self.encoder.end()?;
+            if let Some(tail) = &mut self.tail {
+                tail.push(end.clone());
+            }
             self.send.write_chunk(end).await?;
             self.finished = true;
             // Cannot fail: the stream was neither finished nor reset before.
             let _ = self.send.finish();
+            self.send_repair();
             match self.send.stopped().await {
                 Ok(None) => Ok(()),
+                Ok(Some(code)) if code == VarInt::from_u32(STOP_BATCH_REPAIRED) => Ok(()),
                 Ok(Some(code)) => Err(BatchError::Stopped(code.into_inner())),
                 Err(StoppedError::ConnectionLost(error)) => Err(BatchError::ConnectionLost(error)),
                 Err(_) => Err(BatchError::StreamClosed),
@@ -237,6 +287,53 @@ impl BatchSender {
             self.metrics.sent.inc();
         }
         result
+    }
+
+    /// Queues recovery shards for the stream's last round trip if the connection has lost packets:
+    /// as many as cover the 99th percentile of that tail's losses at the measured loss rate.
+    fn send_repair(&mut self) {
+        let Some(tail) = &self.tail else {
+            return;
+        };
+        let path = self.connection.stats().path;
+        if path.lost_packets == 0 || path.sent_packets == 0 {
+            return;
+        }
+        let loss_rate = path.lost_packets as f64 / path.sent_packets as f64;
+        let Some(max_datagram) = self.connection.max_datagram_size() else {
+            return;
+        };
+        // One datagram per shard: the tag (one byte) and the repair header come off.
+        let shard_bytes = max_datagram
+            .saturating_sub(1 + REPAIR_HEADER_LEN)
+            .min(usize::from(MAX_SHARD_BYTES)) as u16;
+        let Some(plan) = RepairPlan::for_tail(
+            tail.end(),
+            path.cwnd,
+            shard_bytes,
+            u32::from(path.current_mtu),
+            loss_rate,
+        ) else {
+            return;
+        };
+        let Ok(shards) = repair::encode_region(&plan, tail) else {
+            return;
+        };
+        let stream = u64::from(self.send.id());
+        for (index, data) in shards.into_iter().enumerate() {
+            let payload = RepairShard {
+                stream,
+                plan,
+                index: index as u16,
+                data,
+            }
+            .encode();
+            // A full datagram buffer ends the shards: the receiver uses what arrives.
+            if datagram::send(&self.connection, BATCH_REPAIR, &payload).is_err() {
+                break;
+            }
+            self.metrics.repair_sent.inc_by(payload.len() as u64);
+        }
     }
 
     /// Gives the batch up: the receiver sees [`BatchError::Reset`] with [`RESET_BATCH_ABANDONED`].
@@ -274,6 +371,12 @@ pub struct InboundBatch {
     recv: RecvStream,
     decoder: BatchDecoder,
     buffer: BytesMut,
+    /// The stream after the header, read out of order.
+    reassembly: Reassembly,
+    /// Recovery shards for this stream.
+    tap: StreamTap,
+    /// QUIC reported the stream's end: every byte has been read.
+    fin: bool,
     state: Inbound,
     metrics: BatchMetrics,
 }
@@ -348,55 +451,91 @@ impl InboundBatch {
                     Some(BatchEvent::Header(_)) | Some(BatchEvent::End) | None => {}
                 }
             }
-            // Room for the whole chunk at once, and reads that stop at its end: grown as its
-            // bytes arrive, the buffer would move them again at every doubling.
-            let mut read_step = READ_STEP;
-            if let Some(len) = self.decoder.next_record_len(&self.buffer) {
-                let missing = len.saturating_sub(self.buffer.len()).max(1);
-                self.buffer.reserve(missing);
-                read_step = missing;
-            }
-            match self.recv.read_chunk(read_step, true).await? {
-                Some(read) => self.buffer.extend_from_slice(&read.bytes),
-                None => {
-                    self.decoder.finish(self.buffer.len())?;
-                    return Ok(None);
-                }
-            }
             if self.decoder.is_done() && !self.buffer.is_empty() {
                 return Err(codec::BatchError::TrailingBytes(self.buffer.len()).into());
+            }
+            if let Some(bytes) = self.reassembly.pop() {
+                // Room for the whole chunk at once: grown as its bytes arrive, the buffer would
+                // move them again at every doubling.
+                if let Some(len) = self.decoder.next_record_len(&self.buffer) {
+                    self.buffer
+                        .reserve(len.saturating_sub(self.buffer.len()).max(bytes.len()));
+                }
+                self.buffer.extend_from_slice(&bytes);
+                continue;
+            }
+            if self.fin {
+                self.decoder.finish(self.buffer.len())?;
+                return Ok(None);
+            }
+            if self.decoder.is_done()
+                && self.reassembly.declared_end() == Some(self.reassembly.next_offset())
+            {
+                // Every byte up to the end the recovery shards declare is here, the end record
+                // checked: no retransmission is needed.
+                let _ = self.recv.stop(VarInt::from_u32(STOP_BATCH_REPAIRED));
+                if self.reassembly.rebuilt() {
+                    self.metrics.repaired.inc();
+                }
+                return Ok(None);
+            }
+            tokio::select! {
+                read = self.recv.read_chunk(READ_STEP, false) => match read? {
+                    Some(read) => self.reassembly.insert(read.offset, read.bytes)?,
+                    None => self.fin = true,
+                },
+                Some(shard) = self.tap.shards.recv() => {
+                    self.reassembly.retain();
+                    self.reassembly.add_repair(RepairShard::decode(shard)?)?;
+                }
             }
         }
     }
 }
 
-/// Reads a batch stream's header (its magic already read) into an [`InboundBatch`].
-async fn read_header(
+/// What an inbound batch needs from its node besides the stream.
+struct InboundContext {
     from: PeerId,
-    mut recv: RecvStream,
     limits: BatchLimits,
     metrics: BatchMetrics,
+    /// Bytes the stream may hold after a hole.
+    max_pending: usize,
+    tap: StreamTap,
+}
+
+/// Reads a batch stream's header (its magic already read) into an [`InboundBatch`].
+async fn read_header(
+    mut recv: RecvStream,
+    context: InboundContext,
 ) -> Result<InboundBatch, (BatchError, RecvStream)> {
-    let mut decoder = BatchDecoder::new(limits);
+    let mut decoder = BatchDecoder::new(context.limits);
     let mut buffer = BytesMut::from(&BATCH_MAGIC[..]);
+    let mut reassembly = Reassembly::new(0, context.max_pending, context.tap.repairing);
+    reassembly.skip(Bytes::from_static(&BATCH_MAGIC));
     loop {
         match decoder.poll(&mut buffer) {
             Ok(Some(BatchEvent::Header(header))) => {
                 return Ok(InboundBatch {
-                    from,
+                    from: context.from,
                     header,
                     recv,
                     decoder,
                     buffer,
+                    reassembly,
+                    tap: context.tap,
+                    fin: false,
                     state: Inbound::Open,
-                    metrics,
+                    metrics: context.metrics,
                 })
             }
             Ok(_) => {}
             Err(error) => return Err((error.into(), recv)),
         }
         match recv.read_chunk(READ_STEP, true).await {
-            Ok(Some(read)) => buffer.extend_from_slice(&read.bytes),
+            Ok(Some(read)) => {
+                buffer.extend_from_slice(&read.bytes);
+                reassembly.skip(read.bytes);
+            }
             Ok(None) => {
                 let error =
                     decoder
@@ -416,14 +555,29 @@ async fn read_header(
 impl Inner {
     /// Serves one inbound batch stream whose magic has been read: reads the header, then hands the
     /// batch to the protocol's subscriber.
-    pub(super) async fn accept_batch(self: Arc<Self>, remote: PeerId, recv: RecvStream) {
+    pub(super) async fn accept_batch(
+        self: Arc<Self>,
+        connection: &Connection,
+        remote: PeerId,
+        recv: RecvStream,
+    ) {
         let service = &self.batches;
         let timeout = self.config.inbound_request_timeout;
-        let header = tokio::time::timeout(
-            timeout,
-            read_header(remote, recv, service.limits, service.metrics.clone()),
-        )
-        .await;
+        let window = self.config.transport.bdp_bytes();
+        let context = InboundContext {
+            from: remote,
+            limits: service.limits,
+            metrics: service.metrics.clone(),
+            max_pending: usize::try_from(window.saturating_mul(2))
+                .unwrap_or(usize::MAX)
+                .max(MAX_REGION_BYTES as usize),
+            tap: self.datagrams.tap_stream(
+                connection.stable_id(),
+                u64::from(recv.id()),
+                usize::from(MAX_RECOVERY_SHARDS),
+            ),
+        };
+        let header = tokio::time::timeout(timeout, read_header(recv, context)).await;
         let batch = match header {
             Ok(Ok(batch)) => batch,
             Ok(Err((error, mut recv))) => {
@@ -469,12 +623,21 @@ impl Node {
                 .open_uni()
                 .await
                 .map_err(BatchError::ConnectionLost)?;
+            // Shards go only to a path that has lost packets: one that has not yet keeps no tail.
+            let lossy = connection.stats().path.lost_packets > 0;
+            let tail = (self.inner.config.transport.batch_repair && lossy).then(|| {
+                let mut tail = TailBuffer::new(0, MAX_REGION_BYTES);
+                tail.push(head.clone());
+                tail
+            });
             send.write_chunk(head).await?;
             Ok(BatchSender {
                 send,
                 encoder,
                 finished: false,
                 metrics: service.metrics.clone(),
+                connection,
+                tail,
             })
         }
         .await;

@@ -220,7 +220,7 @@ impl Inner {
             }
         }
         if magic == batch::BATCH_MAGIC {
-            self.accept_batch(remote, recv).await;
+            self.accept_batch(&connection, remote, recv).await;
             return;
         }
         let mut prefix: &[u8] = &magic;
