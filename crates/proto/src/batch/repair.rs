@@ -549,24 +549,31 @@ impl Reassembly {
         {
             return Ok(());
         }
-        let shard_bytes = usize::from(plan.shard_bytes);
-        let mut originals = Vec::new();
-        let mut missing = Vec::new();
-        for index in 0..plan.original_count() {
-            let (from, to) = plan.shard_range(index);
-            let mut shard = vec![0u8; shard_bytes];
-            if self.copy_to(from, &mut shard[..(to - from) as usize]) {
-                originals.push((index, shard));
-            } else {
-                missing.push(index);
-            }
-        }
+        // Which shards are missing, without copying: a peer's shards and holes must not make
+        // every arrival copy the whole region.
+        let missing: Vec<usize> = (0..plan.original_count())
+            .filter(|&index| {
+                let (from, to) = plan.shard_range(index);
+                !self.read_range(from, to, None)
+            })
+            .collect();
         if missing.is_empty() {
             return Ok(());
         }
         if missing.len() > self.recovery.len() {
             self.failed_at = Some((self.recovery.len(), self.pending));
             return Ok(());
+        }
+        let shard_bytes = usize::from(plan.shard_bytes);
+        let mut originals = Vec::with_capacity(plan.original_count() - missing.len());
+        for index in 0..plan.original_count() {
+            if missing.binary_search(&index).is_ok() {
+                continue;
+            }
+            let (from, to) = plan.shard_range(index);
+            let mut shard = vec![0u8; shard_bytes];
+            self.read_range(from, to, Some(&mut shard[..(to - from) as usize]));
+            originals.push((index, shard));
         }
         let restored = reed_solomon_simd::decode(
             plan.original_count(),
@@ -590,16 +597,20 @@ impl Reassembly {
         Ok(())
     }
 
-    /// Copies stream bytes `[from, from + out.len())` from what was handed on and what is held.
-    fn copy_to(&self, from: u64, out: &mut [u8]) -> bool {
-        let to = from + out.len() as u64;
+    /// Whether stream bytes `[from, to)` are here, handed on (and kept) or held; copied into
+    /// `out` (`to - from` bytes) when given.
+    fn read_range(&self, from: u64, to: u64, mut out: Option<&mut [u8]>) -> bool {
         let split = self.next.clamp(from, to);
-        if split > from
-            && !self
-                .handed
-                .copy_to(from, &mut out[..(split - from) as usize])
-        {
-            return false;
+        if split > from {
+            let kept = match out.as_deref_mut() {
+                Some(out) => self
+                    .handed
+                    .copy_to(from, &mut out[..(split - from) as usize]),
+                None => from >= self.handed.start && split <= self.handed.end,
+            };
+            if !kept {
+                return false;
+            }
         }
         let mut cursor = split;
         let first = self
@@ -614,8 +625,10 @@ impl Reassembly {
             let held_end = at + held.len() as u64;
             let b = held_end.min(to);
             if b > cursor {
-                out[(cursor - from) as usize..(b - from) as usize]
-                    .copy_from_slice(&held[(cursor - at) as usize..(b - at) as usize]);
+                if let Some(out) = out.as_deref_mut() {
+                    out[(cursor - from) as usize..(b - from) as usize]
+                        .copy_from_slice(&held[(cursor - at) as usize..(b - at) as usize]);
+                }
                 cursor = b;
             }
             if cursor >= to {
