@@ -48,6 +48,9 @@ pub const REPAIR_HEADER_LEN: usize = 26;
 pub const MAX_REGION_BYTES: u32 = 4 << 20;
 /// The most recovery shards one region may have.
 pub const MAX_RECOVERY_SHARDS: u16 = 1024;
+/// The most original shards one region may be cut into: bounds the work of checking which are
+/// missing (done as shards arrive) and of a decode.
+pub const MAX_ORIGINAL_SHARDS: usize = 4096;
 /// The smallest shard accepted.
 pub const MIN_SHARD_BYTES: u16 = 64;
 /// The largest shard accepted.
@@ -88,7 +91,9 @@ impl RepairPlan {
         }
         let region_len = stream_len
             .min(tail_bytes.max(u64::from(packet_bytes)))
-            .min(u64::from(MAX_REGION_BYTES)) as u32;
+            .min(u64::from(MAX_REGION_BYTES))
+            .min(MAX_ORIGINAL_SHARDS as u64 * u64::from(shard_bytes))
+            as u32;
         let packets = region_len.div_ceil(packet_bytes);
         let lost = poisson_quantile(f64::from(packets) * loss_rate.min(0.5), COVERED_QUANTILE);
         let per_loss = packet_bytes.div_ceil(u32::from(shard_bytes)) + 1;
@@ -145,10 +150,12 @@ impl RepairPlan {
             return bad("recovery count");
         }
         let originals = self.original_count();
-        if !reed_solomon_simd::ReedSolomonEncoder::supports(
-            originals,
-            usize::from(self.recovery_count),
-        ) {
+        if originals > MAX_ORIGINAL_SHARDS
+            || !reed_solomon_simd::ReedSolomonEncoder::supports(
+                originals,
+                usize::from(self.recovery_count),
+            )
+        {
             return bad("shard counts");
         }
         Ok(())
