@@ -286,6 +286,7 @@ pub(crate) fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::lock;
 
     #[test]
     fn tags_round_trip_and_small_ids_take_one_byte() {
@@ -310,6 +311,28 @@ mod tests {
             );
         }
         assert_eq!(tag_len(ProtocolId(0x7f)), 1);
+    }
+
+    /// Recovery shards that overtake their stream wait for it; shards for a stream already done
+    /// are dropped; shards for streams that never come are bounded, the oldest dropped and counted.
+    #[tokio::test]
+    async fn early_shards_wait_for_their_stream_and_are_bounded() {
+        let inbox = Arc::new(DatagramInbox::default());
+        assert!(inbox.route_shard((1, 6), Bytes::from_static(b"early")));
+        let mut tap = inbox.tap_stream(1, 6, 4);
+        assert_eq!(tap.shards.recv().await.unwrap(), &b"early"[..]);
+        assert!(inbox.route_shard((1, 6), Bytes::from_static(b"on time")));
+        assert_eq!(tap.shards.recv().await.unwrap(), &b"on time"[..]);
+        drop(tap);
+        // Stream 2 is below a stream already read on connection 1: its batch is complete.
+        assert!(!inbox.route_shard((1, 2), Bytes::from_static(b"late")));
+        assert!(!inbox.route_shard((1, 6), Bytes::from_static(b"late")));
+        let dropped = inbox.dropped();
+        for stream in 0..2 * EARLY_SHARDS as u64 {
+            inbox.route_shard((2, stream), Bytes::from_static(b"never read"));
+        }
+        assert_eq!(lock(&inbox.taps).early.len(), EARLY_SHARDS);
+        assert_eq!(inbox.dropped() - dropped, EARLY_SHARDS as u64);
     }
 
     #[test]
