@@ -86,6 +86,8 @@ struct Taps {
     highest: HashMap<usize, u64>,
     /// Connections whose peer has sent recovery shards: their streams keep the bytes handed on.
     repairing: HashSet<usize>,
+    /// Per connection, the bytes its inbound batch streams hold after holes, all streams together.
+    held: HashMap<usize, Arc<AtomicU64>>,
 }
 
 /// The recovery shards for one inbound batch stream; dropping it stops their delivery.
@@ -94,6 +96,8 @@ pub(crate) struct StreamTap {
     pub(crate) shards: mpsc::Receiver<Bytes>,
     /// The peer has sent recovery shards on this connection before.
     pub(crate) repairing: bool,
+    /// The bytes held after holes by every inbound batch stream of this connection.
+    pub(crate) held: Arc<AtomicU64>,
     inbox: Arc<DatagramInbox>,
     key: (usize, u64),
 }
@@ -151,10 +155,12 @@ impl DatagramInbox {
         });
         taps.open.insert(key, tx);
         let repairing = taps.repairing.contains(&connection);
+        let held = taps.held.entry(connection).or_default().clone();
         drop(taps);
         StreamTap {
             shards,
             repairing,
+            held,
             inbox: self.clone(),
             key,
         }
@@ -213,6 +219,7 @@ impl DatagramInbox {
         let mut taps = crate::node::lock(&self.taps);
         taps.highest.remove(&id);
         taps.repairing.remove(&id);
+        taps.held.remove(&id);
         taps.early.retain(|((connection, _), _)| *connection != id);
     }
 }

@@ -19,8 +19,9 @@
 //! round trip to the batch. The receiver reads the stream out of order, hands bytes on in order,
 //! and rebuilds holes from the shards; a batch completed that way is stopped with
 //! [`STOP_BATCH_REPAIRED`], which the sender's [`BatchSender::finish`] takes as success. The
-//! receiver holds at most one chunk, the bytes after a hole (at most twice the stream window,
-//! else [`meshwire_proto::batch::BatchError::ReorderOverflow`]) and, on a connection whose peer
+//! receiver holds at most one chunk, the bytes after a hole (for all of a connection's batch
+//! streams together at most the connection's receive window, twice the stream window, else
+//! [`meshwire_proto::batch::BatchError::ReorderOverflow`]) and, on a connection whose peer
 //! has sent shards, the last 4 MiB handed on (original shards for decoding; a connection that
 //! never lost a packet keeps none). Shard bytes sent are counted in
 //! `meshwire_batch_repair_sent_bytes_total`, batches rebuilt in `meshwire_batches_repaired_total`.
@@ -36,6 +37,7 @@
 //! Unlike a malformed message frame, a bad batch costs only its stream: the connection and the
 //! other batches on it go on.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -377,6 +379,8 @@ pub struct InboundBatch {
     tap: StreamTap,
     /// QUIC reported the stream's end: every byte has been read.
     fin: bool,
+    /// This stream's share of its connection's bytes held after holes.
+    held: Held,
     state: Inbound,
     metrics: BatchMetrics,
 }
@@ -455,6 +459,7 @@ impl InboundBatch {
                 return Err(codec::BatchError::TrailingBytes(self.buffer.len()).into());
             }
             if let Some(bytes) = self.reassembly.pop() {
+                self.held.set(self.reassembly.pending())?;
                 // Room for the whole chunk at once: grown as its bytes arrive, the buffer would
                 // move them again at every doubling.
                 if let Some(len) = self.decoder.next_record_len(&self.buffer) {
@@ -489,7 +494,52 @@ impl InboundBatch {
                     self.reassembly.add_repair(RepairShard::decode(shard)?)?;
                 }
             }
+            self.held.set(self.reassembly.pending())?;
         }
+    }
+}
+
+/// Bytes one inbound batch holds after holes, charged to its connection's budget: read out of
+/// order, a stream's bytes count as consumed for QUIC's flow control, so the connection window no
+/// longer bounds what its streams hold together; this does, at the same size.
+#[derive(Debug)]
+struct Held {
+    connection: Arc<AtomicU64>,
+    mine: u64,
+    max: u64,
+}
+
+impl Held {
+    /// Records that this stream now holds `pending` bytes; fails once the connection's streams
+    /// together hold more than the budget.
+    fn set(&mut self, pending: usize) -> Result<(), BatchError> {
+        let pending = pending as u64;
+        if pending == self.mine {
+            return Ok(());
+        }
+        if pending > self.mine {
+            let added = pending - self.mine;
+            self.mine = pending;
+            let total = self.connection.fetch_add(added, Ordering::Relaxed) + added;
+            if total > self.max {
+                return Err(codec::BatchError::ReorderOverflow {
+                    held: total,
+                    max: self.max,
+                }
+                .into());
+            }
+        } else {
+            self.connection
+                .fetch_sub(self.mine - pending, Ordering::Relaxed);
+            self.mine = pending;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.connection.fetch_sub(self.mine, Ordering::Relaxed);
     }
 }
 
@@ -498,7 +548,7 @@ struct InboundContext {
     from: PeerId,
     limits: BatchLimits,
     metrics: BatchMetrics,
-    /// Bytes the stream may hold after a hole.
+    /// Bytes the stream may hold after a hole, and its connection's streams together.
     max_pending: usize,
     tap: StreamTap,
 }
@@ -522,6 +572,11 @@ async fn read_header(
                     decoder,
                     buffer,
                     reassembly,
+                    held: Held {
+                        connection: context.tap.held.clone(),
+                        mine: 0,
+                        max: context.max_pending as u64,
+                    },
                     tap: context.tap,
                     fin: false,
                     state: Inbound::Open,
@@ -568,6 +623,8 @@ impl Inner {
             from: remote,
             limits: service.limits,
             metrics: service.metrics.clone(),
+            // The connection's receive window (twice the stream window), which bounded what
+            // QUIC held out of order for all of the connection's streams.
             max_pending: usize::try_from(window.saturating_mul(2))
                 .unwrap_or(usize::MAX)
                 .max(MAX_REGION_BYTES as usize),
@@ -712,6 +769,33 @@ mod tests {
             total_bytes,
             metadata: Bytes::new(),
         }
+    }
+
+    /// Bytes held after holes count against one budget for all of a connection's batch streams,
+    /// and a stream's share is released as its holes fill and when it goes.
+    #[test]
+    fn bytes_held_after_holes_share_one_budget_per_connection() {
+        let connection = Arc::new(AtomicU64::new(0));
+        let held = || Held {
+            connection: connection.clone(),
+            mine: 0,
+            max: 1_000,
+        };
+        let (mut a, mut b) = (held(), held());
+        a.set(600).unwrap();
+        b.set(400).unwrap();
+        assert!(matches!(
+            b.set(401),
+            Err(BatchError::Codec(codec::BatchError::ReorderOverflow {
+                held: 1_001,
+                max: 1_000
+            }))
+        ));
+        a.set(100).unwrap();
+        b.set(401).unwrap();
+        drop(a);
+        drop(b);
+        assert_eq!(connection.load(Ordering::Relaxed), 0);
     }
 
     /// A sender that finishes its stream before the end record: the receiver reports the batch
