@@ -121,7 +121,7 @@ fn repairs() -> Vec<Vec<u8>> {
     let stream: Vec<u8> = (0..3_000u32).map(|i| (i * 7) as u8).collect();
     let plan = RepairPlan::for_tail(3_000, 3_000, 500, 600, 0.05).expect("a plan");
     let mut tail = TailBuffer::new(0, 1 << 20);
-    tail.push(Bytes::from(stream.clone()));
+    tail.push(&Bytes::from(stream.clone()));
     let shards = encode_region(&plan, &tail).expect("encode shards");
     let op = |kind: u8, bytes: &[u8]| {
         let mut out = vec![kind];

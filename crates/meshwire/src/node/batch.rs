@@ -249,8 +249,8 @@ impl BatchSender {
         let result = async {
             let prefix = self.encoder.chunk(chunk.slots, chunk.data.len())?;
             if let Some(tail) = &mut self.tail {
-                tail.push(prefix.clone());
-                tail.push(chunk.data.clone());
+                tail.push(&prefix);
+                tail.push(&chunk.data);
             }
             self.send
                 .write_all_chunks(&mut [prefix, chunk.data])
@@ -268,7 +268,7 @@ impl BatchSender {
         let result = async {
             let end = self.encoder.end()?;
             if let Some(tail) = &mut self.tail {
-                tail.push(end.clone());
+                tail.push(&end);
             }
             self.send.write_chunk(end).await?;
             self.finished = true;
@@ -684,7 +684,7 @@ impl Node {
             let lossy = connection.stats().path.lost_packets > 0;
             let tail = (self.inner.config.transport.batch_repair && lossy).then(|| {
                 let mut tail = TailBuffer::new(0, MAX_REGION_BYTES);
-                tail.push(head.clone());
+                tail.push(&head);
                 tail
             });
             send.write_chunk(head).await?;

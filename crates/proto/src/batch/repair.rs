@@ -271,8 +271,8 @@ impl TailBuffer {
         self.end
     }
 
-    /// Appends the stream's next bytes.
-    pub fn push(&mut self, bytes: Bytes) {
+    /// Appends the stream's next bytes (a reference to them, and only while it keeps any).
+    pub fn push(&mut self, bytes: &Bytes) {
         if bytes.is_empty() {
             return;
         }
@@ -282,7 +282,7 @@ impl TailBuffer {
             self.start = self.end;
             return;
         }
-        self.parts.push_back(bytes);
+        self.parts.push_back(bytes.clone());
         while let Some(front) = self.parts.front() {
             if self.end - self.start - front.len() as u64 >= self.capacity {
                 self.start += front.len() as u64;
@@ -293,10 +293,15 @@ impl TailBuffer {
         }
     }
 
+    /// Whether it holds stream bytes `[from, to)`.
+    fn holds(&self, from: u64, to: u64) -> bool {
+        from >= self.start && to <= self.end
+    }
+
     /// Copies stream bytes `[from, from + out.len())` into `out`; false if any is not held.
     fn copy_to(&self, from: u64, out: &mut [u8]) -> bool {
         let to = from + out.len() as u64;
-        if from < self.start || to > self.end {
+        if !self.holds(from, to) {
             return false;
         }
         let mut offset = self.start;
@@ -393,7 +398,7 @@ impl Reassembly {
     pub fn skip(&mut self, bytes: Bytes) {
         debug_assert!(self.segments.is_empty());
         self.next += bytes.len() as u64;
-        self.handed.push(bytes);
+        self.handed.push(&bytes);
     }
 
     /// Stream offset of the first byte not yet handed on.
@@ -428,12 +433,7 @@ impl Reassembly {
         {
             bytes.advance((self.next - offset) as usize);
             self.next = end;
-            if self.handed.capacity > 0 {
-                self.handed.push(bytes.clone());
-            } else {
-                self.handed.end = end;
-                self.handed.start = end;
-            }
+            self.handed.push(&bytes);
             self.ready = Some(bytes);
             return Ok(());
         }
@@ -512,7 +512,7 @@ impl Reassembly {
         let bytes = self.segments.remove(&at).expect("first segment");
         self.pending -= bytes.len();
         self.next += bytes.len() as u64;
-        self.handed.push(bytes.clone());
+        self.handed.push(&bytes);
         Some(bytes)
     }
 
@@ -613,7 +613,7 @@ impl Reassembly {
                 Some(out) => self
                     .handed
                     .copy_to(from, &mut out[..(split - from) as usize]),
-                None => from >= self.handed.start && split <= self.handed.end,
+                None => self.handed.holds(from, split),
             };
             if !kept {
                 return false;
@@ -658,7 +658,7 @@ mod tests {
     fn tail_of(data: &Bytes) -> TailBuffer {
         let mut tail = TailBuffer::new(0, MAX_REGION_BYTES);
         for piece in data.chunks(1000) {
-            tail.push(Bytes::copy_from_slice(piece));
+            tail.push(&Bytes::copy_from_slice(piece));
         }
         tail
     }
