@@ -471,6 +471,9 @@ impl Daemon {
     /// [`HttpLimits::shutdown_grace`]), then closes the node's connections with a reason and
     /// waits for the endpoint to go idle. The store is flushed: every write was committed
     /// durably when it was acknowledged, and its file is closed when the last handle drops.
+    /// Last, a store file occupying much more disk than its content is compacted
+    /// ([`Store::compact`]); a
+    /// failure there is logged, never lost data (each compaction step commits atomically).
     pub async fn shutdown(self) -> Result<(), DaemonError> {
         drop(self.anti_entropy);
         if let Some(topics) = &self.topics {
@@ -484,6 +487,27 @@ impl Daemon {
             None => Ok(()),
         };
         self.service.node().close().await;
+        compact_store(&self.service).await;
         http
+    }
+}
+
+/// Compacts the store on the blocking pool once nothing else uses it, logging what it did.
+async fn compact_store(service: &ObjectService) {
+    let service = service.clone();
+    let outcome = tokio::task::spawn_blocking(move || service.store().compact()).await;
+    match outcome {
+        Ok(Ok(Some(done))) => tracing::info!(
+            content_bytes = done.content_bytes,
+            before_bytes = done.before_bytes,
+            after_bytes = done.after_bytes,
+            took_ms = done.took.as_millis() as u64,
+            "compacted the object store"
+        ),
+        Ok(Ok(None)) => {}
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "object store compaction failed; the store is intact")
+        }
+        Err(error) => tracing::warn!(%error, "object store compaction did not run"),
     }
 }
