@@ -133,6 +133,17 @@ pub struct PeerStatus {
     pub configured: bool,
 }
 
+/// Datagrams waiting in quinn's send buffer for one peer ([`Node::datagram_backlog`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DatagramBacklog {
+    /// Bytes of datagrams queued and not yet sent.
+    pub queued_bytes: usize,
+    /// The connection's congestion window.
+    pub window_bytes: u64,
+    /// The connection's smoothed RTT.
+    pub rtt: Duration,
+}
+
 /// A running meshwire node. Clones share the node; dropping the last clone shuts it down.
 #[derive(Clone)]
 pub struct Node {
@@ -421,6 +432,20 @@ impl Node {
             .current(peer)
             .ok_or(DatagramError::NotConnected(peer))?;
         datagram::send(&connection, protocol, &payload)
+    }
+
+    /// How many bytes of datagrams wait in quinn's send buffer for `peer`, beside the
+    /// connection's congestion window and RTT (`None` when not connected). A sender that keeps
+    /// its own windows (the multipath session) reads this to keep quinn's queue short: what
+    /// waits there is delay the sender's own RTT samples would otherwise count as path delay.
+    pub fn datagram_backlog(&self, peer: PeerId) -> Option<DatagramBacklog> {
+        let (connection, _) = self.inner.current(peer)?;
+        let buffer = self.inner.config.transport.datagram_buffer_bytes;
+        Some(DatagramBacklog {
+            queued_bytes: buffer.saturating_sub(connection.datagram_send_buffer_space()),
+            window_bytes: connection.stats().path.cwnd,
+            rtt: connection.rtt(),
+        })
     }
 
     /// Receives every datagram peers send to this node on `protocol`. One subscriber per
