@@ -157,9 +157,9 @@
 //!   path; the 2 s max filter keeps a ~1,980-packet window, the session fills quinn's 1 MiB datagram
 //!   buffer and each refusal becomes a loss and a resend, retried every millisecond. Over seeds 1–8
 //!   the storm happens in 7 of 8 with the tag and without it; BBR never enters it. The rate sample
-//!   now comes from the path's own echoes over 32 of them and divides by the larger of their
-//!   arrival span and the send span (as BBR does). Still to fix: a `BufferFull` refusal should
-//!   block the path rather than count as a loss.
+//!   now comes from the path's own echoes, spans a round trip of them (at least 32) and divides by
+//!   the larger of their arrival span and the send span (as BBR does), and the driver keeps
+//!   quinn's queue short (below), so a `BufferFull` refusal is rare; one still counts as a loss.
 //!
 //! ## The `Session` API and relays (module `net`)
 //!
@@ -180,7 +180,9 @@
 //!   id). The accepting end learns paths from arrivals and answers on the path (and relay) each came
 //!   from. `Node::send_datagram` checks quinn's datagram buffer first and refuses (`BufferFull`) rather
 //!   than let quinn silently drop the oldest queued datagram; the session treats a refusal as a send
-//!   error (meshwire's policy resends elsewhere) and pauses 1 ms. Datagram buffers are
+//!   error (meshwire's policy resends elsewhere) and pauses 1 ms. Before it gets that far, the
+//!   driver holds a path back while quinn's queue for its connection holds an eighth of the
+//!   connection's window (see below). Datagram buffers are
 //!   `TransportSettings::datagram_buffer_bytes` (1 MiB) per direction; inbound datagrams wait in one
 //!   bounded node inbox, then one bounded queue per session; every drop is counted.
 //! - **Relays.** A node forwards a (session, path) only after agreeing to a `RelayRequest` on protocol
@@ -200,21 +202,39 @@
 //!   | case | meshwire (default) | CUBIC | BBR |
 //!   |---|---|---|---|
 //!   | one direct path | 0.969 MB/s (eff. 0.975) | 0.953 MB/s (0.96) | 0.992 MB/s (1.00) |
-//!   | direct + relay | 1.853 MB/s (0.938) | 1.808 MB/s (0.92) | 1.967 MB/s (1.00) |
-//!   | direct + 128 pkt/s @ 500 ms relay | 1.028 MB/s (0.927) | (0.79) | 1.014 MB/s (0.91) |
-//!   | direct, loss 0.01 | 0.932 MB/s (0.947) | 0.142 MB/s (0.14) | 0.982 MB/s (1.00) |
-//!   | loss 0.01 + relay loss 0.1 | 1.109 MB/s (0.594) | 0.186 MB/s (0.10) | 1.815 MB/s (0.97) |
+//!   | direct + relay | 1.879 MB/s (0.951) | 1.808 MB/s (0.92) | 1.966 MB/s (0.995) |
+//!   | direct + 128 pkt/s @ 500 ms relay | 0.954 MB/s (0.860) | (0.79) | 1.014 MB/s (0.91) |
+//!   | direct, loss 0.01 | 0.907 MB/s (0.922) | 0.142 MB/s (0.14) | 0.981 MB/s (0.998) |
+//!   | loss 0.01 + relay loss 0.1 | 1.194 MB/s (0.639) | 0.186 MB/s (0.10) | 1.828 MB/s (0.978) |
+//!   | direct + 3 relays (20, 100, 500 ms) | 2.051 MB/s (0.803) | | |
 //!
 //!   (Efficiency against the latency-aware ideal, seed 1, release build, each controller as the
-//!   node's; the meshwire column is from `docs/RESULTS.md` at 85f5e10, the others from earlier
-//!   runs. The 500 ms relay row rose from 0.79 when meshwire's controller stopped taking quinn's
-//!   initial RTT guess for the path's minimum. With four paths (`direct+3-relays`) the session
-//!   reaches 0.17: a path whose session window runs ahead of its QUIC connection's fills quinn's
-//!   1 MiB datagram buffer, seconds of queue the session cannot see, and the late packets are
-//!   resent elsewhere (4 datagrams sent per one needed). Holding such a path back while quinn's
-//!   queue exceeds a quarter of its window was tried: 0.565 there, no wasted datagrams, but the
-//!   500 ms relay row fell to 0.84 and the NCP baselines' schedulers spun; not kept. BBR's lossy rows no longer exceed 1.0 since the lab draws loss after serialization,
-//!   so a lost datagram costs its link time.) BBR is not the default because quinn's
+//!   node's; the meshwire and BBR columns from `meshwire lab run scenarios/session-quic.toml` at
+//!   the commit that bounded quinn's queue, the others from earlier runs.) Three causes were
+//!   found by tracing `direct+3-relays`, which reached 0.17 and sent 4 datagrams per one needed:
+//!   - **quinn's datagram queue.** A path whose session window ran ahead of its QUIC connection's
+//!     filled quinn's 1 MiB datagram buffer, seconds of queue the session could not see; its
+//!     timers resent the late packets elsewhere. The driver now keeps at most an eighth of the
+//!     connection's congestion window queued in quinn per path (at least 2 ms of sending and two
+//!     packets), reads the queue before each flush ([`meshwire::Node::datagram_backlog`]) and
+//!     blocks a path that has no room until quinn has sent the excess. Less is too little:
+//!     with two packets or 2 ms queued quinn empties its queue, marks itself
+//!     application-limited and stops growing its window (the 1%-loss row fell to 0.770).
+//!   - **ACK ranges left out.** With paths of very different delays the receiver holds more
+//!     holes than an ACK has ranges; it reports the lowest and highest 16, and the sender took a
+//!     packet acknowledged above the gap as evidence that the path's earlier packets (in the
+//!     gap, arrived) were lost. A full ACK's ranges above the gap now credit without evidence.
+//!   - **Rate samples over 32 echoes.** Packets handed to quinn in bursts and echoes coalesced on
+//!     the way back made 32 echoes span less time than the path took (a 1024 packets/s path read
+//!     3,200/s). A sample now spans the echoes since the last one that had come back when the
+//!     sampled packet was sent, a round trip's worth, as BBR's delivery-rate samples do.
+//!
+//!   Now no datagram is wasted there (8,192 sent for 8,192 segments) and the rest is ramp-up:
+//!   quinn's and the session's slow starts on 200 ms and 1 s paths. Across
+//!   `scenarios/sweeps/session.toml` (12 cases, 2–6 paths) meshwire's transfer time over its
+//!   floor went from median 2.83, p90 7.91, max 8.84 to 1.87, 3.29, 3.69 at seed 1, and from
+//!   2.83, 4.99, 6.72 to 2.15, 2.82, 5.27 at seed 2. The 500 ms relay row fell from 0.927 to
+//!   0.860, not explained yet. BBR is not the default because quinn's
 //!   implementation overflows drop-tail queues and starves CUBIC flows sharing a bottleneck
 //!   (`scenarios/fairness.toml`, `docs/node.md`). meshwire's controller ignores random loss only
 //!   while no queue stands; a session saturating its paths keeps one standing, so on the lossy
@@ -225,7 +245,7 @@
 //!   limit (≈ 1.2 × MSS / (RTT √p) ≈ 0.13 MB/s at 100 ms and 1 %), whatever the session's window; the
 //!   session then only sees a slow path. Nodes that carry sessions over lossy or relayed paths should
 //!   run `Congestion::Bbr`. Known gap: with CUBIC a slow second path adds little and can cost
-//!   (quinn's window, not the session's, governs; refusals at the full buffer are resent elsewhere).
+//!   (quinn's window, not the session's, governs).
 //!   A close is sent once: if it is lost, the other end probes the path until it fails it by its
 //!   RTO, as it would without closes.
 //!

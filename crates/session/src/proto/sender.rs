@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
-use super::codec::{AckPacket, DataPacket, Packet};
+use super::codec::{AckPacket, DataPacket, Packet, MAX_ACK_RANGES};
 use super::rtt::RttEstimator;
 use super::window::WindowPolicy;
 use super::{PathId, SessionConfig, SessionError, Transmit};
@@ -85,7 +85,7 @@ pub(super) struct InFlight {
     pub(super) path: PathId,
     pub(super) sent_at: Instant,
     /// Position among the path's transmissions.
-    path_index: u64,
+    pub(super) path_index: u64,
     /// NCP: timed out and queued for resending, but still counted in the window.
     pub(super) timed_out: bool,
 }
@@ -102,6 +102,7 @@ pub(super) struct Path {
     sent_count: u64,
     /// Packet numbers in the order sent; entries no longer in flight are skipped lazily.
     pub(super) outstanding: VecDeque<u64>,
+    /// The latest of the path's packets known to have arrived (see [`Sender::handle_ack`]).
     largest_acked_index: Option<u64>,
     pub(super) delivered: u64,
     pub(super) next_probe: Option<Instant>,
@@ -111,6 +112,10 @@ pub(super) struct Path {
 }
 
 impl Path {
+    fn note_acked_index(&mut self, index: u64) {
+        self.largest_acked_index = Some(self.largest_acked_index.map_or(index, |l| l.max(index)));
+    }
+
     fn new(config: &SessionConfig, initial_rto: Duration) -> Self {
         Self {
             state: PathState::Active,
@@ -267,8 +272,15 @@ impl Core {
             .map(|(_, pn)| pn)
     }
 
-    /// Packets sent on `id` well before an acknowledged one (3 later packets acknowledged, or
-    /// 9/8 RTT older than one): they leave the path's outstanding list and are to be declared lost.
+    /// The path's packet at `index` is known to have arrived (its own echo came back).
+    pub(super) fn note_acked_index(&mut self, id: PathId, index: u64) {
+        if let Some(path) = self.paths.get_mut(&id) {
+            path.note_acked_index(index);
+        }
+    }
+
+    /// Packets sent on `id` well before one known to have arrived (3 later packets, or 9/8 RTT
+    /// older than one): they leave the path's outstanding list and are to be declared lost.
     pub(super) fn lost_by_evidence(&mut self, id: PathId, now: Instant) -> Vec<u64> {
         let mut lost = Vec::new();
         let Some(path) = self.paths.get_mut(&id) else {
@@ -557,6 +569,12 @@ impl Sender {
         for &(start, end) in &ack.ranges {
             newly.extend(core.segments.range(start..end).map(|(&seq, _)| seq));
         }
+        // An ACK with as many ranges as it can carry may leave out the middle ones (the
+        // receiver keeps the lowest and the highest half). A packet credited by a range above
+        // the gap is no evidence that the path's earlier packets were lost: they may sit in the
+        // ranges left out (with paths of very different delays the receiver holds many holes).
+        let unreported_from =
+            (ack.ranges.len() >= MAX_ACK_RANGES).then(|| ack.ranges[MAX_ACK_RANGES / 2].0);
         let credits_every_copy = self.policy.credits_every_copy();
         let mut progressed: BTreeSet<PathId> = BTreeSet::new();
         for seq in newly {
@@ -586,11 +604,9 @@ impl Sender {
                 state.in_flight_packets = state.in_flight_packets.saturating_sub(1);
                 if credited {
                     state.delivered += 1;
-                    state.largest_acked_index = Some(
-                        state
-                            .largest_acked_index
-                            .map_or(info.path_index, |largest| largest.max(info.path_index)),
-                    );
+                    if Some(pn) == ack.echo || unreported_from.is_none_or(|from| info.seq < from) {
+                        state.note_acked_index(info.path_index);
+                    }
                     self.policy.on_acked(&mut state.rtt, &info, path, now);
                 }
             }

@@ -21,6 +21,8 @@ const MIN_WINDOW_PACKETS: f64 = 4.0;
 /// come back coalesced in one packet, so a span of a few echoes overstates the rate; 32 spread
 /// such a bunch out while the first burst (128 packets) still gives samples.
 const RATE_SPAN_ACKS: usize = 32;
+/// Most echoes remembered per path for rate samples (a round trip's worth up to this).
+const MAX_ECHO_HISTORY: usize = 4096;
 /// Fewest echo intervals that make a rate sample.
 const RATE_MIN_ACKS: usize = 16;
 /// How long a delivery-rate sample counts in the windowed maximum.
@@ -122,7 +124,9 @@ impl Estimate {
     }
 
     /// Counts an echo of a packet sent on this path at `sent` that came back on it at `now`,
-    /// and takes one delivery-rate sample over the last [`RATE_SPAN_ACKS`] echoes: the packets
+    /// and takes one delivery-rate sample over the echoes since the last one that had come back
+    /// when that packet was sent (a round trip's worth, as BBR's samples span one; at least the
+    /// last [`RATE_SPAN_ACKS`] echoes, at most [`MAX_ECHO_HISTORY`] or [`RATE_WINDOW`]): the packets
     /// they echo over the longer of the time the echoes took to arrive and the time the packets
     /// took to send (the send interval bounds the sample by the rate the packets went out at,
     /// as in BBR's delivery-rate estimation, draft-cheng-iccrg-delivery-rate-estimation).
@@ -133,13 +137,30 @@ impl Estimate {
     fn record_echo(&mut self, sent: Instant, now: Instant) {
         self.echoes += 1;
         self.echo_history.push_back((now, self.echoes, sent));
-        while self.echo_history.len() > RATE_SPAN_ACKS + 1 {
+        while self.echo_history.len() > MAX_ECHO_HISTORY
+            || self.echo_history.len() > RATE_SPAN_ACKS + 1
+                && self
+                    .echo_history
+                    .front()
+                    .is_some_and(|&(at, _, _)| now.saturating_duration_since(at) > RATE_WINDOW)
+        {
             self.echo_history.pop_front();
         }
-        if self.echo_history.len() <= RATE_MIN_ACKS {
+        let newest = self.echo_history.len() - 1;
+        // The last echo that had come back when this packet was sent: the sample spans the
+        // echoes of the packets in flight with it, a round trip's worth (at least
+        // RATE_SPAN_ACKS), so echoes bunched on the way back cannot compress it.
+        let before_send = self
+            .echo_history
+            .partition_point(|&(at, _, _)| at <= sent)
+            .checked_sub(1)
+            .filter(|&index| index < newest);
+        let base = newest.saturating_sub(RATE_SPAN_ACKS);
+        let base = before_send.map_or(base, |index| index.min(base));
+        if newest - base < RATE_MIN_ACKS {
             return;
         }
-        let (then, echoes_then, sent_then) = self.echo_history[0];
+        let (then, echoes_then, sent_then) = self.echo_history[base];
         let elapsed = now
             .saturating_duration_since(then)
             .max(sent.saturating_duration_since(sent_then))
@@ -199,7 +220,8 @@ pub(super) struct Meshwire {
     /// Send times of transmissions that left flight before their own ACK came back
     /// (acknowledged through another path's ranges, declared lost, probes), so that their echo
     /// still measures the path's RTT and proves a failed path alive (oldest dropped first).
-    awaiting_echo: BTreeMap<u64, (PathId, Instant)>,
+    /// With each, its position among its path's transmissions (none for a probe).
+    awaiting_echo: BTreeMap<u64, (PathId, Instant, Option<u64>)>,
 }
 
 impl Meshwire {
@@ -221,8 +243,15 @@ impl Meshwire {
     }
 
     /// Keeps the send time of a transmission that left flight, for its echo.
-    fn await_echo(&mut self, packet_number: u64, path: PathId, sent_at: Instant) {
-        self.awaiting_echo.insert(packet_number, (path, sent_at));
+    fn await_echo(
+        &mut self,
+        packet_number: u64,
+        path: PathId,
+        sent_at: Instant,
+        path_index: Option<u64>,
+    ) {
+        self.awaiting_echo
+            .insert(packet_number, (path, sent_at, path_index));
         let limit = 2 * self.session_window_packets as usize;
         while self.awaiting_echo.len() > limit {
             self.awaiting_echo.pop_first();
@@ -453,7 +482,7 @@ impl Meshwire {
         }
         // Any answered probe re-admits the path, not only the latest: on a path whose RTT exceeds
         // the probe interval the latest is never the one answered.
-        self.await_echo(packet_number, id, now);
+        self.await_echo(packet_number, id, now, None);
         Some(Transmit {
             path: id,
             payload: Packet::Probe { packet_number }.encode(),
@@ -526,12 +555,17 @@ impl WindowPolicy for Meshwire {
     /// that answers is re-admitted.
     fn on_echo(&mut self, core: &mut Core, path: PathId, echo: u64, now: Instant) {
         let sent = match core.in_flight.get(&echo) {
-            Some(info) => Some((info.path, info.sent_at)),
+            Some(info) => Some((info.path, info.sent_at, None)),
             None => self.awaiting_echo.remove(&echo),
         };
-        let Some((sent_on, sent_at)) = sent else {
+        let Some((sent_on, sent_at, left_flight_index)) = sent else {
             return;
         };
+        // A transmission that left flight before its echo (acknowledged through another path's
+        // ranges, or declared lost) still arrived in order on its path.
+        if let (true, Some(index)) = (sent_on == path, left_flight_index) {
+            core.note_acked_index(path, index);
+        }
         let (Some(state), Some(estimate)) =
             (core.paths.get_mut(&path), self.estimates.get_mut(&path))
         else {
@@ -557,7 +591,7 @@ impl WindowPolicy for Meshwire {
     }
 
     fn on_left_flight(&mut self, pn: u64, info: &InFlight) {
-        self.await_echo(pn, info.path, info.sent_at);
+        self.await_echo(pn, info.path, info.sent_at, Some(info.path_index));
     }
 
     fn on_acked(&mut self, _: &mut RttEstimator, info: &InFlight, _: PathId, now: Instant) {
@@ -579,7 +613,7 @@ impl WindowPolicy for Meshwire {
     }
 
     fn on_lost(&mut self, pn: u64, info: &InFlight, by_evidence: bool) {
-        self.await_echo(pn, info.path, info.sent_at);
+        self.await_echo(pn, info.path, info.sent_at, Some(info.path_index));
         if let Some(estimate) = self.estimates.get_mut(&info.path) {
             estimate.startup = false;
             if by_evidence {
@@ -711,7 +745,9 @@ impl WindowPolicy for Meshwire {
 
 #[cfg(test)]
 mod tests {
-    use super::water_level;
+    use std::time::{Duration, Instant};
+
+    use super::{water_level, Estimate, WINDOW_GAIN};
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9
@@ -729,6 +765,26 @@ mod tests {
         // From 0 and 100 ms at 1000/s each: 300 packets are done at 200 ms (200 + 100).
         let mut paths = [(0.1, 1000.0), (0.0, 1000.0)];
         assert!(close(water_level(&mut paths, 300.0).unwrap(), 0.2));
+    }
+
+    #[test]
+    fn a_rate_sample_spans_a_round_trip_so_bunched_echoes_do_not_overstate_it() {
+        // 1,000 packets/s handed on in bursts of 20 every 20 ms, echoed 100 ms later in the same
+        // bunches (a local queue upstream, coalesced echoes downstream). A span of 32 echoes
+        // read 1,600/s; a round trip's worth reads at most the window gain above the rate. (The
+        // first round trip has no earlier echo to span from and samples 32 echoes; after 3 s
+        // those samples have left the 2 s filter.)
+        let start = Instant::now();
+        let mut estimate = Estimate::new(128.0);
+        for burst in 0..150u64 {
+            let sent = start + Duration::from_millis(20 * burst);
+            for _ in 0..20 {
+                estimate.record_echo(sent, sent + Duration::from_millis(100));
+            }
+        }
+        let rate = estimate.rate().expect("sampled");
+        assert!(rate <= 1000.0 * WINDOW_GAIN, "{rate}");
+        assert!(rate >= 900.0, "{rate}");
     }
 
     #[test]
