@@ -234,7 +234,10 @@
 //!   `scenarios/sweeps/session.toml` (12 cases, 2–6 paths) meshwire's transfer time over its
 //!   floor went from median 2.83, p90 7.91, max 8.84 to 1.87, 3.29, 3.69 at seed 1, and from
 //!   2.83, 4.99, 6.72 to 2.15, 2.82, 5.27 at seed 2. The 500 ms relay row fell from 0.927 to
-//!   0.860, not explained yet. BBR is not the default because quinn's
+//!   0.860 (0.858–0.862 over seeds 1–4) and it is the queue in quinn that costs it: with at most
+//!   2 ms or two packets queued it reaches 0.874–0.895, but then the 1%-loss row falls to 0.770
+//!   as above; how a queue of a few packets on a 128 packets/s path costs 0.5 s is not found
+//!   yet. BBR is not the default because quinn's
 //!   implementation overflows drop-tail queues and starves CUBIC flows sharing a bottleneck
 //!   (`scenarios/fairness.toml`, `docs/node.md`). meshwire's controller ignores random loss only
 //!   while no queue stands; a session saturating its paths keeps one standing, so on the lossy
