@@ -42,6 +42,16 @@ wait_up() {
   cat "$work/node.log" >&2
   return 1
 }
+# The store file's length and allocated blocks over $content, prefixed by $1 if given.
+file_sizes() {
+  python3 - "${1:-}" "$content" "$(stat -c %s "$file")" "$(($(stat -c '%b * %B' "$file")))" <<'PY'
+import sys
+label = sys.argv[1] + " " if sys.argv[1] else ""
+content, length, blocks = map(int, sys.argv[2:])
+print(f"{label}content_mb {content / 1e6:.0f}  file_length_mb {length / 1e6:.0f} ({length / content:.3f}x)"
+      f"  file_blocks_mb {blocks / 1e6:.0f} ({blocks / content:.3f}x)  (target <= 1.3x)")
+PY
+}
 rss_mb() { awk '$1 == "'"$1"':" { printf "%.0f", $2 / 1024 }' "/proc/$pid/status"; }
 
 start
@@ -85,14 +95,7 @@ echo "rss_peak_mb $(rss_mb VmHWM)  (budget 128 MiB; target <= budget + 100 MB)"
 content=$(curl -fs "http://127.0.0.1:$((port + 1))/status" |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["store"]["content_bytes"])')
 file="$work/data/objects.redb"
-length=$(stat -c %s "$file")
-blocks=$(($(stat -c '%b * %B' "$file")))
-python3 - "$content" "$length" "$blocks" <<'PY'
-import sys
-content, length, blocks = map(int, sys.argv[1:])
-print(f"content_mb {content / 1e6:.0f}  file_length_mb {length / 1e6:.0f} ({length / content:.3f}x)"
-      f"  file_blocks_mb {blocks / 1e6:.0f} ({blocks / content:.3f}x)  (target <= 1.3x)")
-PY
+file_sizes
 
 echo "== SIGTERM (graceful stop compacts the store), restart"
 t0=$(date +%s.%N)
@@ -100,14 +103,7 @@ kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
 t1=$(date +%s.%N)
 python3 -c "print(f'graceful_stop_seconds {$t1 - $t0:.2f}')"
 grep -o 'compacted the object store.*' "$work/node.log" | tail -1 || true
-length=$(stat -c %s "$file")
-blocks=$(($(stat -c '%b * %B' "$file")))
-python3 - "$content" "$length" "$blocks" <<'PY'
-import sys
-content, length, blocks = map(int, sys.argv[1:])
-print(f"after_graceful_stop content_mb {content / 1e6:.0f}  file_length_mb {length / 1e6:.0f} ({length / content:.3f}x)"
-      f"  file_blocks_mb {blocks / 1e6:.0f} ({blocks / content:.3f}x)  (target <= 1.3x)")
-PY
+file_sizes after_graceful_stop
 t0=$(date +%s.%N)
 start
 wait_up

@@ -268,3 +268,59 @@ async fn without_an_http_address_no_api_is_served() {
     assert!(matches!(local, Err(ObjectServiceError::NotFound)));
     daemon.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_graceful_shutdown_compacts_a_store_whose_content_shrank() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(ObjectConfig::default(), Some(dir.path()))
+        .await
+        .unwrap();
+    let piece = |key: u32, len: usize| -> Bytes {
+        (0..len)
+            .map(|i| (i as u32).wrapping_mul(key + 3) as u8)
+            .collect::<Vec<u8>>()
+            .into()
+    };
+    let store = daemon.service().store();
+    for key in 0..40 {
+        let content = piece(key, 1 << 20);
+        let stamp = Stamp {
+            version: 1,
+            hash: content_hash(&content),
+        };
+        store.put(&format!("k{key}"), stamp, content).unwrap();
+    }
+    for key in 0..40 {
+        let content = piece(key + 100, 16 << 10);
+        let stamp = Stamp {
+            version: 2,
+            hash: content_hash(&content),
+        };
+        store.put(&format!("k{key}"), stamp, content).unwrap();
+    }
+    let file = dir.path().join("objects.redb");
+    let disk = |path: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).unwrap().blocks() * 512
+    };
+    let before = disk(&file);
+    assert!(
+        before > 40 << 20,
+        "40 MiB were written: {before} bytes on disk"
+    );
+    daemon.shutdown().await.unwrap();
+    let after = disk(&file);
+    assert!(
+        after < 8 << 20,
+        "640 KiB of content left: {after} bytes on disk"
+    );
+    // Everything written last is there after a restart.
+    let restarted = start(ObjectConfig::default(), Some(dir.path()))
+        .await
+        .unwrap();
+    for key in 0..40 {
+        let object = restarted.service().store().get(&format!("k{key}")).unwrap();
+        assert_eq!(object.unwrap().content, piece(key + 100, 16 << 10));
+    }
+    restarted.shutdown().await.unwrap();
+}
