@@ -218,7 +218,7 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
 
     /// `peer` answered the request sent at `sent` after `latency`, later than its hedge delay:
     /// the answer counts, but the peer was late (unless that is no news, see
-    /// [`Self::late_is_news`]: then the sample is left out).
+    /// `Self::lateness`: then the sample is left out).
     pub fn record_late_success(&mut self, peer: P, sent: Instant, latency: Duration) {
         match self.lateness(peer, sent, sent + latency) {
             Lateness::News => self.observe(peer, latency, false, Some(true)),
