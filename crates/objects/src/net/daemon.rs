@@ -472,8 +472,8 @@ impl Daemon {
     /// waits for the endpoint to go idle. The store is flushed: every write was committed
     /// durably when it was acknowledged, and its file is closed when the last handle drops.
     /// Last, a store file occupying much more disk than its content is compacted
-    /// ([`Store::compact`]); a
-    /// failure there is logged, never lost data (each compaction step commits atomically).
+    /// ([`Store::compact`]); a failure there is logged, never lost data (each compaction step
+    /// commits atomically).
     pub async fn shutdown(self) -> Result<(), DaemonError> {
         drop(self.anti_entropy);
         if let Some(topics) = &self.topics {
@@ -492,7 +492,8 @@ impl Daemon {
     }
 }
 
-/// Compacts the store on the blocking pool once nothing else uses it, logging what it did.
+/// Compacts the store on the blocking pool, logging what it did. The node is closed by now;
+/// a store call still running holds compaction back (it takes the store's write lock).
 async fn compact_store(service: &ObjectService) {
     let service = service.clone();
     let outcome = tokio::task::spawn_blocking(move || service.store().compact()).await;
