@@ -381,20 +381,28 @@ fn ten_thousand_streams_opened_and_never_finished() {
             .expect("the message after the timeout was not delivered")
             .unwrap();
         assert_eq!(delivered.payload, message_payload);
-        // Then requests: each is reset after the victim's request timeout, which frees its
-        // place, so the flooder keeps opening until it reaches its target.
+        // Then requests, each left unfinished. The victim stops and resets each one after its
+        // request timeout; the flooder then drops the stream, which resets it (as above) and
+        // frees its place, so the flooder keeps opening until it reaches its target. The last
+        // `max_concurrent_requests` streams are held when the loop ends.
         let mut bidi = 0usize;
+        let mut parked = tokio::task::JoinSet::new();
         while uni + bidi < streams {
-            match tokio::time::timeout(Duration::from_secs(5), connection.open_bi()).await {
+            match tokio::time::timeout(PATIENCE, connection.open_bi()).await {
                 Ok(Ok((mut send, recv))) => {
                     let _ = send.write_all(&partial).await;
-                    held.push((send, Some(recv)));
+                    parked.spawn(async move {
+                        let _ = send.stopped().await;
+                        drop(recv);
+                    });
                     bidi += 1;
                 }
                 Ok(Err(error)) => panic!("open failed: {error}"),
-                Err(_) => break,
+                Err(_) => panic!("no request stream could be opened in {PATIENCE:?}"),
             }
+            while parked.try_join_next().is_some() {}
         }
+        held.push(parked);
         eprintln!(
             "flood unfinished streams: {uni} one-way and {bidi} request streams opened in {:.1} s",
             started.elapsed().as_secs_f64()
