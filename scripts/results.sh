@@ -2,10 +2,10 @@
 # Regenerate docs/RESULTS.md and its charts (docs/plots/*.svg): every lab scenario (virtual time,
 # plus the real-time calibration cross-check), every sweep in scenarios/sweeps/ at its file's case
 # count, then the criterion benchmarks with their allocation counts, then the HTTP benchmark
-# (bench/http.sh, needs wrk), the object store (bench/store.sh) and the transport against plain
-# quinn (bench/transport.sh, about 30 s).
+# (bench/http.sh, needs wrk), the object store (bench/store.sh), the floods (bench/floods.sh,
+# about 3 min) and the transport against plain quinn (bench/transport.sh, about 30 s).
 # Cost on a 2-core machine (release build, after the build): scenarios and sweeps about 20 min
-# (ic-gossip the longest; each sweep file states its own cost), benchmarks about 5 min.
+# (ic-gossip the longest; each sweep file states its own cost), benchmarks about 8 min.
 # The benchmarks measure wall-clock speed: run them on an otherwise idle machine.
 # `--benchmarks-only` keeps the page's lab part as it is and reruns the benchmarks after it.
 set -euo pipefail
@@ -54,17 +54,32 @@ print("1 MiB, >= 100x faster than the naive baseline.")
 PY
 rm -f "$alloc_log"
 
+# Runs one bench script (`$1` its title, `$2` the script, then its arguments) and appends its
+# section: the formatter function named in `$formatter` reads the script's log ($log) and prints
+# the section's text; a failed script gets a "Not run" section with its last lines.
+bench_section() {
+  local title=$1 script=$2 log
+  shift 2
+  log=$(mktemp)
+  if bash "$script" "$@" >"$log" 2>&1; then
+    printf '\n## %s (%s)\n\n' "$title" "$script" >>docs/RESULTS.md
+    "$formatter" "$log" >>docs/RESULTS.md
+  else
+    printf '\n## %s (%s)\n\nNot run: %s failed:\n\n```\n%s\n```\n' \
+      "$title" "$script" "$script" "$(tail -5 "$log")" >>docs/RESULTS.md
+  fi
+  rm -f "$log"
+}
+
 # The HTTP benchmark of `meshwire node` (bench/http.sh, needs wrk): key lines into the page.
-http_log=$(mktemp)
-if bash bench/http.sh 10 >"$http_log" 2>&1; then
-  python3 - "$http_log" >>docs/RESULTS.md <<'PY'
+http_section() {
+  python3 - "$1" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
 runs = text.split("== ")[1:]
 def field(run, pattern):
     m = re.search(pattern, run)
     return m[1] if m else "n/a"
-print("\n## HTTP API (bench/http.sh)\n")
 print("`bash bench/http.sh 10`: a release `meshwire node` alone on loopback (replication 1, so a GET is")
 print("a quorum read of one local replica), then a 3-node cluster on loopback (replication 3, write")
 print("quorum 2, read quorum 2: a GET asks the replicas over QUIC), load from `wrk` on the same 2-core")
@@ -86,45 +101,46 @@ print("3-node quorum read; 250 clients on a 5 MB")
 print("object: node peak RSS <= 150 MB. Seed (docs/lessons.md, Zold, ApacheBench -c 10 over the internet,")
 print("not loopback): 52 requests/s, p50 176 ms, p99 361 ms.")
 PY
-else
-  printf '\n## HTTP API (bench/http.sh)\n\nNot run: bench/http.sh failed:\n\n```\n%s\n```\n' "$(tail -5 "$http_log")" >>docs/RESULTS.md
-fi
-rm -f "$http_log"
+}
+formatter=http_section bench_section "HTTP API" bench/http.sh 10
+
 # The object store's memory, disk use and crash restart (bench/store.sh): its result lines.
-store_log=$(mktemp)
-if bash bench/store.sh >"$store_log" 2>&1; then
-  {
-    printf '\n## Object store (bench/store.sh)\n\n'
-    printf '`bash bench/store.sh`: one release `meshwire node` with default settings on loopback;\n'
-    printf '128 PUTs of 8 MiB, the first 64 keys rewritten; SIGTERM (a graceful stop compacts a store\n'
-    printf 'occupying over 1.2x its content + 32 MiB of disk) and a restart; then SIGKILL during a PUT\n'
-    printf 'and a restart.\n\n'
-    printf '```\n'
-    grep -E '^(rss_|put_seconds|rewrote|content_mb|graceful_stop|compacted|after_graceful_stop|restart_|acknowledged_)' "$store_log"
-    printf '```\n\nTargets (issue 19): RSS within the store budget (128 MiB) + 100 MB; store file at\n'
-    printf 'most 1.3x its content; restart after SIGKILL with a 1 GB store within 2 s. Before (issue 19,\n'
-    printf 'debug build): RSS 1.1-1.26 GB after 100 PUTs of 8 MiB, a 1.7 GB file for 868 MB, restart 13 s.\n'
-  } >>docs/RESULTS.md
-else
-  printf '\n## Object store (bench/store.sh)\n\nNot run: bench/store.sh failed:\n\n```\n%s\n```\n' "$(tail -5 "$store_log")" >>docs/RESULTS.md
-fi
-rm -f "$store_log"
+store_section() {
+  printf '`bash bench/store.sh`: one release `meshwire node` with default settings on loopback;\n'
+  printf '128 PUTs of 8 MiB, the first 64 keys rewritten; SIGTERM (a graceful stop compacts a store\n'
+  printf 'occupying over 1.2x its content + 32 MiB of disk) and a restart; then SIGKILL during a PUT\n'
+  printf 'and a restart.\n\n'
+  printf '```\n'
+  grep -E '^(rss_|put_seconds|rewrote|content_mb|graceful_stop|compacted|after_graceful_stop|restart_|acknowledged_)' "$1"
+  printf '```\n\nTargets (issue 19): RSS within the store budget (128 MiB) + 100 MB; store file at\n'
+  printf 'most 1.3x its content; restart after SIGKILL with a 1 GB store within 2 s. Before (issue 19,\n'
+  printf 'debug build): RSS 1.1-1.26 GB after 100 PUTs of 8 MiB, a 1.7 GB file for 868 MB, restart 13 s.\n'
+}
+formatter=store_section bench_section "Object store" bench/store.sh
+
+# Floods from one hostile peer (bench/floods.sh, 1,000,000 messages): each flood's result lines.
+floods_section() {
+  printf '`bash bench/floods.sh`: one flooding peer against a bare node, an object daemon and a\n'
+  printf 'session relay, 1,000,000 messages per flood (release build; about 3 min). Per flood: the\n'
+  printf "victim's heap (counting allocator, the victim's threads only) before, at its peak and after,\n"
+  printf 'beside its configured bound, and the process RSS.\n\n'
+  printf '```\n'
+  grep -E '^flood ' "$1"
+  printf '```\n\nTargets (issues 17 and 19): the heap within its configured bound during every flood,\n'
+  printf 'back within 10%% of its level before after it, and honest peers served throughout.\n'
+}
+formatter=floods_section bench_section "Floods" bench/floods.sh
+
 # meshwire's bulk transfer beside plain quinn on one loopback connection (bench/transport.sh).
-transport_log=$(mktemp)
-if bash bench/transport.sh >"$transport_log" 2>&1; then
-  {
-    printf '\n## Transport (bench/transport.sh)\n\n'
-    printf '`bash bench/transport.sh`: one connection on 127.0.0.1, 3 alternating rounds of 1 GiB per\n'
-    printf 'side: meshwire batches between two default nodes, and plain quinn as its `perf` tool uses it\n'
-    printf '(default transport config, one unidirectional stream), both from one release build of\n'
-    printf '`crates/meshwire/examples/transport.rs`. Gbit/s timed by the sender until every byte is\n'
-    printf 'acknowledged; CPU is user + system time of the sending and receiving processes per GB moved.\n\n'
-    printf '```\n'
-    sed -n '/^round /,$p' "$transport_log"
-    printf '```\n\nTarget (issue 15): meshwire >= 0.9x plain quinn. Shared 2-core machine: read the medians.\n'
-  } >>docs/RESULTS.md
-else
-  printf '\n## Transport (bench/transport.sh)\n\nNot run: bench/transport.sh failed:\n\n```\n%s\n```\n' "$(tail -5 "$transport_log")" >>docs/RESULTS.md
-fi
-rm -f "$transport_log"
+transport_section() {
+  printf '`bash bench/transport.sh`: one connection on 127.0.0.1, 3 alternating rounds of 1 GiB per\n'
+  printf 'side: meshwire batches between two default nodes, and plain quinn as its `perf` tool uses it\n'
+  printf '(default transport config, one unidirectional stream), both from one release build of\n'
+  printf '`crates/meshwire/examples/transport.rs`. Gbit/s timed by the sender until every byte is\n'
+  printf 'acknowledged; CPU is user + system time of the sending and receiving processes per GB moved.\n\n'
+  printf '```\n'
+  sed -n '/^round /,$p' "$1"
+  printf '```\n\nTarget (issue 15): meshwire >= 0.9x plain quinn. Shared 2-core machine: read the medians.\n'
+}
+formatter=transport_section bench_section "Transport" bench/transport.sh
 echo "wrote docs/RESULTS.md" >&2
