@@ -191,8 +191,8 @@ struct Peer {
     up: bool,
 }
 
-/// Peers whose path estimate a node remembers for careful resume; past it, an arbitrary one is
-/// forgotten (a forgotten peer's next connection starts cold).
+/// Remote addresses whose path estimate a node remembers for careful resume; past it, an
+/// arbitrary one is forgotten (a connection to a forgotten address starts cold).
 const MAX_REMEMBERED_PATHS: usize = 4096;
 
 struct Inner {
@@ -200,12 +200,17 @@ struct Inner {
     local_id: PeerId,
     tls: TlsIdentity,
     transport: Arc<quinn::TransportConfig>,
+    /// The endpoint's server config; an accepted connection gets a copy with its own transport
+    /// (careful resume from what the last connection with its address measured).
+    server_config: quinn::ServerConfig,
     config: NodeConfig,
     allowlist: Option<Arc<HashSet<PeerId>>>,
     peers: Mutex<HashMap<PeerId, Peer>>,
-    /// What the last connection dialed to each peer measured of the path (careful resume),
-    /// kept after the peer's connection and entry are gone; at most [`MAX_REMEMBERED_PATHS`].
-    paths: Mutex<HashMap<PeerId, crate::congestion::PathSlot>>,
+    /// What the last connection with each remote address (dialed or accepted) measured of the
+    /// path (careful resume), kept after the peer's connection and entry are gone; at most
+    /// [`MAX_REMEMBERED_PATHS`]. Keyed by address, not peer: the estimate belongs to the path,
+    /// and a peer that moved is on another path (it starts cold, the safe side).
+    paths: Mutex<HashMap<SocketAddr, crate::congestion::PathSlot>>,
     handlers: Registry<Handler>,
     subscribers: Registry<inbound::InboxSender>,
     events: broadcast::Sender<ConnectionEvent>,
@@ -311,7 +316,7 @@ impl Node {
         }
         let endpoint = quinn::Endpoint::new_with_abstract_socket(
             endpoint_config,
-            Some(server_config),
+            Some(server_config.clone()),
             socket,
             Arc::new(quinn::TokioRuntime),
         )?;
@@ -326,6 +331,7 @@ impl Node {
             local_id: config.keypair.peer_id(),
             tls,
             transport,
+            server_config,
             allowlist,
             peers: Mutex::new(HashMap::new()),
             paths: Mutex::new(HashMap::new()),
@@ -521,15 +527,22 @@ impl Inner {
         })
     }
 
-    /// The slot holding what connections to `peer` measured of the path.
-    fn path_slot(&self, peer: PeerId) -> crate::congestion::PathSlot {
+    /// The slot holding what connections with `address` measured of the path: the remembered
+    /// one, or a new one that [`Inner::remember_path`] keeps once its connection is up (so a
+    /// handshake that fails, or a flood of them, never displaces a remembered path).
+    fn path_slot(&self, address: SocketAddr) -> crate::congestion::PathSlot {
+        lock(&self.paths).get(&address).cloned().unwrap_or_default()
+    }
+
+    /// Keeps `slot` as the path to `address` unless one is remembered already.
+    fn remember_path(&self, address: SocketAddr, slot: crate::congestion::PathSlot) {
         let mut paths = lock(&self.paths);
-        if !paths.contains_key(&peer) && paths.len() >= MAX_REMEMBERED_PATHS {
+        if !paths.contains_key(&address) && paths.len() >= MAX_REMEMBERED_PATHS {
             if let Some(evicted) = paths.keys().next().copied() {
                 paths.remove(&evicted);
             }
         }
-        paths.entry(peer).or_default().clone()
+        paths.entry(address).or_insert(slot);
     }
 
     fn current(&self, peer: PeerId) -> Option<(Connection, Destination)> {

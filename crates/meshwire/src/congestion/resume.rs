@@ -5,8 +5,9 @@
 //! After the IETF careful-resume draft (draft-ietf-tsvwg-careful-resume), with RFC 9002 §7 for
 //! what must stay safe. A connection observes its path ([`PathObserver`]): the minimum RTT and
 //! the largest number of bytes acknowledged within one minimum RTT, which over that RTT is a
-//! delivery rate the path has sustained. The node keeps the latest [`PathEstimate`] per peer. A
-//! new connection to that peer starts in *reconnaissance* with the standard window; at its first
+//! delivery rate the path has sustained. The node keeps the latest [`PathEstimate`] per remote
+//! address, from connections it dialed and accepted alike. A new connection with that address
+//! starts in *reconnaissance* with the standard window; at its first
 //! RTT sample ([`CarefulResume::on_rtt_sample`]):
 //! - an estimate whose minimum RTT differs from the new one by more than [`RTT_CHANGE_FACTOR`]
 //!   either way is dropped: the path changed and its rate says nothing about the new one;

@@ -218,7 +218,14 @@ impl Inner {
     }
 
     async fn accept_one(self: Arc<Self>, incoming: quinn::Incoming) {
-        let connecting = match incoming.accept() {
+        // An accepted connection resumes from what the last connection with this address
+        // measured, as a dialed one does: a node that mostly answers (or is dialed by the peer
+        // it sends batches to) starts its sends at the path's rate too.
+        let address = incoming.remote_address();
+        let slot = self.path_slot(address);
+        let mut server_config = self.server_config.clone();
+        server_config.transport_config(self.transport_with(&slot));
+        let connecting = match incoming.accept_with(Arc::new(server_config)) {
             Ok(connecting) => connecting,
             Err(error) => {
                 tracing::debug!(%error, "incoming connection failed");
@@ -240,6 +247,7 @@ impl Inner {
             connection.close(VarInt::from_u32(CLOSE_PROTOCOL_VIOLATION), b"no identity");
             return;
         };
+        self.remember_path(address, slot);
         self.register(connection, remote, Direction::Inbound);
     }
 
@@ -250,7 +258,8 @@ impl Inner {
         }
         let (crypto, seen) = tls::client_crypto(&self.tls, peer)?;
         let mut client_config = quinn::ClientConfig::new(crypto);
-        client_config.transport_config(self.transport_to(peer));
+        let slot = self.path_slot(address);
+        client_config.transport_config(self.transport_with(&slot));
         let timeout = self.config.dial_timeout;
         let attempt = async {
             let connecting =
@@ -291,20 +300,24 @@ impl Inner {
             }
             Err(_) => return Err(DialError::Timeout(timeout)),
         };
+        self.remember_path(address, slot);
         self.register(connection, peer, Direction::Outbound);
         Ok(())
     }
 
-    /// The transport of a connection dialed to `peer`: under meshwire's controller it starts
-    /// from what the last connection to `peer` measured (careful resume) and records what this
-    /// one measures. An estimate no real path gives is counted and not used.
-    fn transport_to(self: &Arc<Self>, peer: PeerId) -> Arc<quinn::TransportConfig> {
+    /// The transport of a connection on the path `slot` remembers (dialed or accepted): under
+    /// meshwire's controller it starts from what the last connection on it measured (careful
+    /// resume) and records what this one measures. An estimate no real path gives is counted,
+    /// forgotten and not used.
+    fn transport_with(
+        self: &Arc<Self>,
+        slot: &crate::congestion::PathSlot,
+    ) -> Arc<quinn::TransportConfig> {
         let settings = &self.config.transport;
         if settings.congestion != Congestion::Meshwire {
             return self.transport.clone();
         }
-        let slot = self.path_slot(peer);
-        let remembered = *lock(&slot);
+        let remembered = *lock(slot);
         let estimate = remembered.filter(|estimate| {
             match estimate.check(settings.bandwidth_bits_per_sec / 8) {
                 Ok(()) => true,
@@ -315,7 +328,7 @@ impl Inner {
                             reason: reason.label(),
                         })
                         .inc();
-                    *lock(&slot) = None;
+                    *lock(slot) = None;
                     false
                 }
             }
@@ -323,7 +336,7 @@ impl Inner {
         // The same settings built the node's transport at start, so this succeeds; were it to
         // fail, the shared transport (no resume) is the safe choice.
         settings
-            .to_quinn_resuming(Some((estimate, slot)))
+            .to_quinn_resuming(Some((estimate, slot.clone())))
             .map(Arc::new)
             .unwrap_or_else(|_| self.transport.clone())
     }
@@ -487,8 +500,25 @@ mod tests {
         Node::bind(config, "127.0.0.1:0".parse().unwrap()).unwrap()
     }
 
-    fn slot(node: &Node, peer: PeerId) -> crate::congestion::PathSlot {
-        node.inner.path_slot(peer)
+    fn slot(node: &Node, address: SocketAddr) -> crate::congestion::PathSlot {
+        node.inner.path_slot(address)
+    }
+
+    fn remembers(node: &Node, address: SocketAddr) -> bool {
+        lock(&node.inner.paths).contains_key(&address)
+    }
+
+    async fn measured(slot: &crate::congestion::PathSlot) -> PathEstimate {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(estimate) = *lock(slot) {
+                    return estimate;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the path was never measured")
     }
 
     /// A dialed connection records what it measured of the path for the next one.
@@ -505,18 +535,73 @@ mod tests {
                 .unwrap();
             inbox.recv().await.unwrap();
         }
-        let estimate = tokio::time::timeout(Duration::from_secs(10), async {
-            loop {
-                if let Some(estimate) = *lock(&slot(&a, b.peer_id())) {
-                    return estimate;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await
-        .unwrap();
+        assert!(remembers(&a, b.local_addr().unwrap()));
+        let estimate = measured(&slot(&a, b.local_addr().unwrap())).await;
         assert!(!estimate.min_rtt.is_zero());
         assert!(estimate.delivery_rate_bytes_per_sec > 0);
+    }
+
+    /// An accepted connection records its path under the dialer's address too, and a connection
+    /// accepted later from that address (here a restarted peer) measures into the same slot.
+    #[tokio::test]
+    async fn an_accepted_connection_remembers_its_path() {
+        let b = node(6);
+        let mut dialer = None;
+        let mut remembered = None;
+        for seed in [5, 15] {
+            let mut config = NodeConfig::new(Keypair::from_seed([seed; 32]));
+            config.rng_seed = Some(seed.into());
+            let at = dialer.unwrap_or("127.0.0.1:0".parse().unwrap());
+            // The closed node's socket is released once its tasks end: retry meanwhile.
+            let mut bound = Node::bind(config.clone(), at);
+            for _ in 0..200 {
+                if bound.is_ok() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                bound = Node::bind(config.clone(), at);
+            }
+            let a = bound.unwrap();
+            let address = a.local_addr().unwrap();
+            dialer = Some(address);
+            let mut inbox = a.subscribe(ProtocolId(3)).unwrap();
+            a.connect(b.local_addr().unwrap(), b.peer_id())
+                .await
+                .unwrap();
+            assert!(remembers(&b, address));
+            let slot = slot(&b, address);
+            if let Some(remembered) = &remembered {
+                assert!(std::sync::Arc::ptr_eq(remembered, &slot));
+                *lock(&slot) = None;
+            }
+            for _ in 0..20 {
+                b.send(a.peer_id(), ProtocolId(3), vec![7u8; 4000].into())
+                    .await
+                    .unwrap();
+                inbox.recv().await.unwrap();
+            }
+            let estimate = measured(&slot).await;
+            assert!(!estimate.min_rtt.is_zero());
+            assert!(estimate.delivery_rate_bytes_per_sec > 0);
+            remembered = Some(slot);
+            a.close().await;
+        }
+    }
+
+    /// A handshake that fails leaves no remembered path on either end, so refused or failed
+    /// connections cannot displace the paths a node remembers.
+    #[tokio::test]
+    async fn a_refused_handshake_remembers_no_path() {
+        let a = node(7);
+        let mut config = NodeConfig::new(Keypair::from_seed([8; 32]));
+        config.allowlist = Some([Keypair::from_seed([9; 32]).peer_id()].into());
+        let b = Node::bind(config, "127.0.0.1:0".parse().unwrap()).unwrap();
+        assert!(a
+            .connect(b.local_addr().unwrap(), b.peer_id())
+            .await
+            .is_err());
+        assert!(!remembers(&a, b.local_addr().unwrap()));
+        assert!(!remembers(&b, a.local_addr().unwrap()));
     }
 
     /// A remembered estimate no real path gives is not used, counted by reason, and forgotten.
@@ -530,13 +615,13 @@ mod tests {
             (Duration::from_millis(20), cap + 1, "rate_above_cap"),
         ];
         for (min_rtt, rate, reason) in cases {
-            let slot = slot(&a, b.peer_id());
+            let slot = slot(&a, b.local_addr().unwrap());
             *lock(&slot) = Some(PathEstimate {
                 delivery_rate_bytes_per_sec: rate,
                 min_rtt,
             });
             let before = a.metrics().path_estimates_ignored_count(reason);
-            a.inner.transport_to(b.peer_id());
+            a.inner.transport_with(&slot);
             assert_eq!(a.metrics().path_estimates_ignored_count(reason), before + 1);
             assert_eq!(*lock(&slot), None, "{reason}");
         }
