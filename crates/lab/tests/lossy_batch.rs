@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use meshwire::{BatchHeader, Chunk, ProtocolId};
-use meshwire_lab::lab::{clock, Lab};
+use meshwire_lab::lab::Lab;
 use meshwire_lab::link::{LinkSpec, Rate};
 use proptest::prelude::*;
 
@@ -46,14 +46,11 @@ fn batch(bytes: usize, chunk_bytes: usize) -> (BatchHeader, Vec<Chunk>) {
 type Received = Result<(BatchHeader, Vec<Chunk>), String>;
 
 /// What one run saw: what `b` received, how many of `a`'s datagrams the emulated loss dropped,
-/// the batches `b` completed with bytes rebuilt from recovery shards, and the recovery-shard
-/// bytes `a` sent with its last batch.
+/// and the batches `b` completed with bytes rebuilt from recovery shards.
 struct Run {
     received: Vec<Received>,
     lost: u64,
     repaired: u64,
-    last_repair_bytes: u64,
-    last_batch_time: Duration,
 }
 
 /// The value of counter `name` in a node's metrics text.
@@ -64,16 +61,8 @@ fn counter(text: &str, name: &str) -> u64 {
 }
 
 /// Sends `count` batches of `bytes` in chunks of `chunk_bytes`, one after another, from `a` to
-/// `b` over `link` (both directions); with `redial_before_last`, the last batch goes on a new
-/// connection (the one before closed, as after an idle timeout).
-fn send_over(
-    seed: u64,
-    link: LinkSpec,
-    bytes: usize,
-    chunk_bytes: usize,
-    count: usize,
-    redial_before_last: bool,
-) -> Run {
+/// `b` over `link` (both directions).
+fn send_over(seed: u64, link: LinkSpec, bytes: usize, chunk_bytes: usize, count: usize) -> Run {
     let mut lab = Lab::new(seed, link, Duration::from_secs(300));
     let received: Rc<RefCell<Vec<Received>>> = Rc::default();
     let repaired = Rc::new(RefCell::new(0));
@@ -100,15 +89,8 @@ fn send_over(
     let b = lab.node_address("b").unwrap();
     let b_id = lab.peer_id("b");
     let lost = Rc::new(RefCell::new(0));
-    let last_repair_bytes = Rc::new(RefCell::new(0));
-    let last_batch_time = Rc::new(RefCell::new(Duration::ZERO));
     {
-        let (received, lost, last_repair, last_time) = (
-            received.clone(),
-            lost.clone(),
-            last_repair_bytes.clone(),
-            last_batch_time.clone(),
-        );
+        let (received, lost) = (received.clone(), lost.clone());
         lab.client("a", move |context| async move {
             let mut config = context.node_config();
             // At 5% loss a 5 s dial fails about once in a thousand (three handshake flights
@@ -116,25 +98,9 @@ fn send_over(
             config.dial_timeout = Duration::from_secs(60);
             let (node, stats) = context.start_node(config).await?;
             node.connect(b, b_id).await?;
-            let repair_sent = || {
-                counter(
-                    &node.metrics().encode_text(),
-                    "meshwire_batch_repair_sent_bytes_total",
-                )
-            };
-            for index in 0..count {
-                if redial_before_last && index + 1 == count {
-                    node.close_for_violation(b_id, "test_redial");
-                    while node.connected_peers().contains(&b_id) {
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                    }
-                    node.connect(b, b_id).await?;
-                }
-                let (before, started) = (repair_sent(), clock());
+            for _ in 0..count {
                 let (header, chunks) = batch(bytes, chunk_bytes);
                 node.send_batch(b_id, header, chunks).await?;
-                *last_repair.borrow_mut() = repair_sent() - before;
-                *last_time.borrow_mut() = clock() - started;
             }
             while received.borrow().len() < count {
                 tokio::time::sleep(Duration::from_millis(1)).await;
@@ -148,14 +114,10 @@ fn send_over(
     let received = received.take();
     let lost = *lost.borrow();
     let repaired = *repaired.borrow();
-    let last_repair_bytes = *last_repair_bytes.borrow();
-    let last_batch_time = *last_batch_time.borrow();
     Run {
         received,
         lost,
         repaired,
-        last_repair_bytes,
-        last_batch_time,
     }
 }
 
@@ -189,7 +151,7 @@ fn lossy_path(latency_ms: u64, mbit: u64, loss: f64, jitter_ms: u64) -> LinkSpec
 #[test]
 fn batches_through_real_loss_arrive_whole() {
     for (loss, bytes) in [(0.01, 500_000), (0.05, 3_000_000)] {
-        let run = send_over(7, lossy_path(80, 1_000, loss, 0), bytes, 100_000, 1, false);
+        let run = send_over(7, lossy_path(80, 1_000, loss, 0), bytes, 100_000, 1);
         assert!(run.lost > 0, "no datagram was lost at {loss}");
         check_whole(&run.received[0], bytes, 100_000).unwrap();
     }
@@ -200,35 +162,13 @@ fn batches_through_real_loss_arrive_whole() {
 #[test]
 fn batch_tails_lost_on_a_lossy_path_are_rebuilt_from_recovery_shards() {
     let bytes = 240_000;
-    let run = send_over(5, lossy_path(37, 135, 0.015, 0), bytes, 500, 12, false);
+    let run = send_over(5, lossy_path(37, 135, 0.015, 0), bytes, 500, 12);
     assert!(run.lost > 0, "no datagram was lost");
     assert!(
         run.repaired > 0,
         "no batch was rebuilt from recovery shards"
     );
     assert_eq!(run.received.len(), 12);
-    for received in &run.received {
-        check_whole(received, bytes, 500).unwrap();
-    }
-}
-
-/// The first batch on a new connection is protected too: the node remembers the loss rate the
-/// last connection on the path saw, so a batch after a redial carries recovery shards before the
-/// new connection has detected a loss of its own (its tail leaves within the first round trips).
-#[test]
-fn the_first_batch_after_a_redial_on_a_lossy_path_carries_recovery_shards() {
-    let bytes = 240_000;
-    let run = send_over(5, lossy_path(37, 135, 0.015, 0), bytes, 500, 3, true);
-    eprintln!(
-        "after the redial: {} recovery-shard bytes, batch sent in {:?}",
-        run.last_repair_bytes, run.last_batch_time
-    );
-    assert!(run.lost > 0, "no datagram was lost");
-    assert!(
-        run.last_repair_bytes > 0,
-        "the batch after the redial carried no recovery shards"
-    );
-    assert_eq!(run.received.len(), 3);
     for received in &run.received {
         check_whole(received, bytes, 500).unwrap();
     }
@@ -257,7 +197,7 @@ proptest! {
         let link = lossy_path(latency_ms, mbit, loss, jitter_ms);
         // Two batches: the second, on a connection that has seen its losses, carries recovery
         // shards for its tail.
-        let run = send_over(seed, link, bytes, chunk_bytes, 2, false);
+        let run = send_over(seed, link, bytes, chunk_bytes, 2);
         for received in &run.received {
             check_whole(received, bytes, chunk_bytes)?;
         }

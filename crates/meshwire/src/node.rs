@@ -195,39 +195,6 @@ struct Peer {
 /// arbitrary one is forgotten (a connection to a forgotten address starts cold).
 const MAX_REMEMBERED_PATHS: usize = 4096;
 
-/// What a node remembers of the path to one remote address, for the next connection on it.
-#[derive(Debug, Default)]
-struct PathMemory {
-    /// The congestion controller's estimate (careful resume).
-    estimate: crate::congestion::PathSlot,
-    /// The share of packets the last connection on the path lost, in millionths (0: none seen
-    /// or nothing known), so the first batch of the next connection gets recovery shards.
-    loss_ppm: std::sync::atomic::AtomicU32,
-}
-
-impl PathMemory {
-    /// Packets a connection must have sent without a loss before the path counts as clean again.
-    const CLEAN_AFTER_PACKETS: u64 = 1000;
-
-    /// The remembered loss rate, if any.
-    fn loss_rate(&self) -> Option<f64> {
-        let ppm = self.loss_ppm.load(Ordering::Relaxed);
-        (ppm > 0).then(|| f64::from(ppm) / 1e6)
-    }
-
-    /// Records what a connection has seen so far: its loss rate if it lost packets, clean once it
-    /// has sent [`Self::CLEAN_AFTER_PACKETS`] without a loss (fewer say little about 0.1% loss).
-    fn record(&self, path: &quinn::PathStats) {
-        if path.lost_packets > 0 && path.sent_packets > 0 {
-            let rate = path.lost_packets as f64 / path.sent_packets as f64;
-            let ppm = (rate * 1e6).ceil().clamp(1.0, 1e6) as u32;
-            self.loss_ppm.store(ppm, Ordering::Relaxed);
-        } else if path.sent_packets >= Self::CLEAN_AFTER_PACKETS {
-            self.loss_ppm.store(0, Ordering::Relaxed);
-        }
-    }
-}
-
 struct Inner {
     endpoint: quinn::Endpoint,
     local_id: PeerId,
@@ -243,7 +210,7 @@ struct Inner {
     /// path (careful resume), kept after the peer's connection and entry are gone; at most
     /// [`MAX_REMEMBERED_PATHS`]. Keyed by address, not peer: the estimate belongs to the path,
     /// and a peer that moved is on another path (it starts cold, the safe side).
-    paths: Mutex<HashMap<SocketAddr, Arc<PathMemory>>>,
+    paths: Mutex<HashMap<SocketAddr, crate::congestion::PathSlot>>,
     handlers: Registry<Handler>,
     subscribers: Registry<inbound::InboxSender>,
     events: broadcast::Sender<ConnectionEvent>,
@@ -560,22 +527,22 @@ impl Inner {
         })
     }
 
-    /// What connections with `address` measured of the path: the remembered memory, or a new
-    /// one that [`Inner::remember_path`] keeps once its connection is up (so a handshake that
-    /// fails, or a flood of them, never displaces a remembered path).
-    fn path_memory(&self, address: SocketAddr) -> Arc<PathMemory> {
+    /// The slot holding what connections with `address` measured of the path: the remembered
+    /// one, or a new one that [`Inner::remember_path`] keeps once its connection is up (so a
+    /// handshake that fails, or a flood of them, never displaces a remembered path).
+    fn path_slot(&self, address: SocketAddr) -> crate::congestion::PathSlot {
         lock(&self.paths).get(&address).cloned().unwrap_or_default()
     }
 
-    /// Keeps `memory` as the path to `address` unless one is remembered already.
-    fn remember_path(&self, address: SocketAddr, memory: Arc<PathMemory>) {
+    /// Keeps `slot` as the path to `address` unless one is remembered already.
+    fn remember_path(&self, address: SocketAddr, slot: crate::congestion::PathSlot) {
         let mut paths = lock(&self.paths);
         if !paths.contains_key(&address) && paths.len() >= MAX_REMEMBERED_PATHS {
             if let Some(evicted) = paths.keys().next().copied() {
                 paths.remove(&evicted);
             }
         }
-        paths.entry(address).or_insert(memory);
+        paths.entry(address).or_insert(slot);
     }
 
     fn current(&self, peer: PeerId) -> Option<(Connection, Destination)> {

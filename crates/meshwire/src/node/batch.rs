@@ -13,10 +13,8 @@
 //! arrive. Pulling is the backpressure: an application that stops reading stops the stream, and
 //! QUIC flow control slows the sender.
 //!
-//! **Tail repair.** On a path that has lost packets (this connection, or before it has lost any,
-//! the last one with its address: the node remembers the loss rate) the sender adds Reed–Solomon
-//! recovery shards for the batch's last round trip, one datagram each
-//! ([`meshwire_proto::batch::repair`],
+//! **Tail repair.** On a path that has lost packets the sender adds Reed–Solomon recovery shards
+//! for the batch's last round trip, one datagram each ([`meshwire_proto::batch::repair`],
 //! [`crate::TransportSettings::batch_repair`]): a loss there would otherwise add a retransmission
 //! round trip to the batch. The receiver reads the stream out of order, hands bytes on in order,
 //! and rebuilds holes from the shards; a batch completed that way is stopped with
@@ -235,12 +233,9 @@ pub struct BatchSender {
     finished: bool,
     metrics: BatchMetrics,
     connection: Connection,
-    /// The stream's last bytes, for recovery shards; `None` when repair is off or neither the
-    /// connection nor the last one on its path had lost a packet when the batch opened.
+    /// The stream's last bytes, for recovery shards; `None` when repair is off or the connection
+    /// had lost no packet when the batch opened.
     tail: Option<TailBuffer>,
-    /// What the node remembers of the connection's path: the loss rate its first batch is
-    /// protected by, and where this one's is recorded.
-    path: Arc<super::PathMemory>,
 }
 
 impl BatchSender {
@@ -280,9 +275,7 @@ impl BatchSender {
             // Cannot fail: the stream was neither finished nor reset before.
             let _ = self.send.finish();
             self.send_repair();
-            let stopped = self.send.stopped().await;
-            self.path.record(&self.connection.stats().path);
-            match stopped {
+            match self.send.stopped().await {
                 Ok(None) => Ok(()),
                 Ok(Some(code)) if code == VarInt::from_u32(STOP_BATCH_REPAIRED) => Ok(()),
                 Ok(Some(code)) => Err(BatchError::Stopped(code.into_inner())),
@@ -298,21 +291,17 @@ impl BatchSender {
         result
     }
 
-    /// Queues recovery shards for the stream's last round trip if the connection has lost packets,
-    /// or has not yet and the last connection on its path had: as many as cover the 99th
-    /// percentile of that tail's losses at the loss rate measured (or remembered).
+    /// Queues recovery shards for the stream's last round trip if the connection has lost packets:
+    /// as many as cover the 99th percentile of that tail's losses at the measured loss rate.
     fn send_repair(&mut self) {
         let Some(tail) = &self.tail else {
             return;
         };
         let path = self.connection.stats().path;
-        let loss_rate = if path.lost_packets > 0 && path.sent_packets > 0 {
-            path.lost_packets as f64 / path.sent_packets as f64
-        } else if let Some(remembered) = self.path.loss_rate() {
-            remembered
-        } else {
+        if path.lost_packets == 0 || path.sent_packets == 0 {
             return;
-        };
+        }
+        let loss_rate = path.lost_packets as f64 / path.sent_packets as f64;
         let Some(max_datagram) = self.connection.max_datagram_size() else {
             return;
         };
@@ -691,11 +680,8 @@ impl Node {
                 .open_uni()
                 .await
                 .map_err(BatchError::ConnectionLost)?;
-            // Shards go only to a path that has lost packets, on this connection or the last one
-            // with its address (a new connection's first batch would otherwise go unprotected):
-            // one that has not keeps no tail.
-            let path = self.inner.path_memory(connection.remote_address());
-            let lossy = connection.stats().path.lost_packets > 0 || path.loss_rate().is_some();
+            // Shards go only to a path that has lost packets: one that has not yet keeps no tail.
+            let lossy = connection.stats().path.lost_packets > 0;
             let tail = (self.inner.config.transport.batch_repair && lossy).then(|| {
                 let mut tail = TailBuffer::new(0, MAX_REGION_BYTES);
                 tail.push(&head);
@@ -709,7 +695,6 @@ impl Node {
                 metrics: service.metrics.clone(),
                 connection,
                 tail,
-                path,
             })
         }
         .await;

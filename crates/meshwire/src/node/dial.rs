@@ -222,9 +222,9 @@ impl Inner {
         // measured, as a dialed one does: a node that mostly answers (or is dialed by the peer
         // it sends batches to) starts its sends at the path's rate too.
         let address = incoming.remote_address();
-        let memory = self.path_memory(address);
+        let slot = self.path_slot(address);
         let mut server_config = self.server_config.clone();
-        server_config.transport_config(self.transport_with(&memory.estimate));
+        server_config.transport_config(self.transport_with(&slot));
         let connecting = match incoming.accept_with(Arc::new(server_config)) {
             Ok(connecting) => connecting,
             Err(error) => {
@@ -247,7 +247,7 @@ impl Inner {
             connection.close(VarInt::from_u32(CLOSE_PROTOCOL_VIOLATION), b"no identity");
             return;
         };
-        self.remember_path(address, memory);
+        self.remember_path(address, slot);
         self.register(connection, remote, Direction::Inbound);
     }
 
@@ -258,8 +258,8 @@ impl Inner {
         }
         let (crypto, seen) = tls::client_crypto(&self.tls, peer)?;
         let mut client_config = quinn::ClientConfig::new(crypto);
-        let memory = self.path_memory(address);
-        client_config.transport_config(self.transport_with(&memory.estimate));
+        let slot = self.path_slot(address);
+        client_config.transport_config(self.transport_with(&slot));
         let timeout = self.config.dial_timeout;
         let attempt = async {
             let connecting =
@@ -300,7 +300,7 @@ impl Inner {
             }
             Err(_) => return Err(DialError::Timeout(timeout)),
         };
-        self.remember_path(address, memory);
+        self.remember_path(address, slot);
         self.register(connection, peer, Direction::Outbound);
         Ok(())
     }
@@ -501,7 +501,7 @@ mod tests {
     }
 
     fn slot(node: &Node, address: SocketAddr) -> crate::congestion::PathSlot {
-        node.inner.path_memory(address).estimate.clone()
+        node.inner.path_slot(address)
     }
 
     fn remembers(node: &Node, address: SocketAddr) -> bool {
