@@ -51,7 +51,10 @@
 //! [`PathSlot`] the node keeps per peer; the next connection to that peer starts from it by
 //! careful resume ([`resume`], its `# Design`), unless an initial window is configured.
 //!
-//! Limits: the minimum RTT is the connection's lifetime minimum, so after a route change to a longer
+//! Limits: a drop-tail queue too shallow to show in the RTT (a twentieth of a bandwidth-delay
+//! product) that loses under [`LOSS_RATE_CEILING`] looks like random loss, so beside CUBIC there
+//! the controller takes too much (`scenarios/fairness.toml`, the `0.05bdp` cases: CUBIC kept 0.39
+//! of an equal share). The minimum RTT is the connection's lifetime minimum, so after a route change to a longer
 //! path every loss looks like congestion (CUBIC's behaviour, the safe side). A sender slower than
 //! about 3 Mbit/s never fills a loss-rate sample, so only a queue in the RTT marks its losses as
 //! congestion. Random loss is not free either: each lost packet is resent a round trip later, so
