@@ -54,8 +54,8 @@
 //! Limits: a drop-tail queue too shallow to show in the RTT (a twentieth of a bandwidth-delay
 //! product) that loses under [`LOSS_RATE_CEILING`] looks like random loss, so beside CUBIC there
 //! the controller takes too much (`scenarios/fairness.toml`, the `0.05bdp` cases: CUBIC kept 0.39
-//! of an equal share). The minimum RTT is the connection's lifetime minimum, so after a route change to a longer
-//! path every loss looks like congestion (CUBIC's behaviour, the safe side). A sender slower than
+//! of an equal share). The minimum RTT is the connection's lifetime minimum, so after a route
+//! change to a longer path every loss looks like congestion (CUBIC's behaviour, the safe side). A sender slower than
 //! about 3 Mbit/s never fills a loss-rate sample, so only a queue in the RTT marks its losses as
 //! congestion. Random loss is not free either: each lost packet is resent a round trip later, so
 //! a batch that loses one takes about a round trip more than its floor. A queue that stands
@@ -112,8 +112,8 @@ pub struct LossFilter {
     /// The smoothed RTT's least value in the current and the previous [`BASELINE_WINDOW`].
     baseline: [Option<Duration>; 2],
     baseline_start: Option<Instant>,
-    /// The least loss rate of a whole sample sent no faster than the sample before it, in the
-    /// current and the previous [`BASELINE_WINDOW`]: the loss the path shows whatever the rate.
+    /// The least loss rate of a whole sample whose losses more rate did not buy (see
+    /// [`LossFilter::loss_floor`]), in the current and the previous [`BASELINE_WINDOW`].
     loss_floor: [Option<f64>; 2],
     /// The send and delivery rates of the last whole sample, bytes per second.
     last_rates: Option<(f64, f64)>,
@@ -159,10 +159,10 @@ impl LossFilter {
                 let delivered = sent * (1.0 - rate);
                 // These losses were not bought by more rate when the sample was sent no faster
                 // than the one before, or when the path delivered at least half of what it was
-                // sent beyond it (a path at its limit delivers no more however much more it gets):
-                // the path loses this share whatever the sender does.
-                // A queue in the RTT rules it out: its losses may be the overflow of an earlier,
-                // faster sample (a loss is detected a round trip after its packet left).
+                // sent beyond it (a path at its limit delivers no more however much more it
+                // gets): the path loses this share whatever the sender does. A queue in the RTT
+                // rules it out: its losses may be the overflow of an earlier, faster sample (a
+                // loss is detected a round trip after its packet left).
                 let independent = !self.queue_present()
                     && self.last_rates.is_some_and(|(last_sent, last_delivered)| {
                         sent <= last_sent || delivered - last_delivered >= (sent - last_sent) / 2.0
@@ -211,7 +211,8 @@ impl LossFilter {
     }
 
     /// The share of packets the path loses whatever the send rate: the least loss rate of a
-    /// recent sample sent no faster than the one before it (0 while there is none).
+    /// recent sample sent with no queue in the RTT and either no faster than the one before or
+    /// with at least half of its extra rate delivered (0 while there is none).
     pub fn loss_floor(&self) -> f64 {
         self.loss_floor
             .iter()
