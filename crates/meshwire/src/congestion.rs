@@ -123,7 +123,7 @@ pub struct LossFilter {
 impl LossFilter {
     /// Records an RTT sample: `latest` the path's smoothed RTT, `min` its minimum. Closes the
     /// loss-rate sample once it is a minimum RTT long and holds [`MIN_SAMPLE_BYTES`], or as quiet
-    /// (see [`QUIET_SAMPLE_ROUNDS`]).
+    /// (after `QUIET_SAMPLE_ROUNDS` minimum RTTs and at least `QUIET_SAMPLE_TIME`).
     pub fn on_rtt(&mut self, now: Instant, latest: Duration, min: Duration) {
         self.latest_rtt = latest;
         match self.baseline_start {
