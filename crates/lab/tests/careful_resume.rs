@@ -4,6 +4,7 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -45,108 +46,21 @@ fn batch(id: u64, bytes: usize) -> (BatchHeader, Vec<Chunk>) {
     (header, chunks)
 }
 
-/// Runs `a -> b`: with `warm`, a 4 MB batch on a 20 ms, 100 Mbit/s path first (the estimate) and
-/// the connection closed; then, on the `changed` path, a dial and a 1 MB batch. Returns the
-/// datagrams a's link queue dropped during that batch and whether both batches arrived whole.
-fn second_batch_drops(warm: bool, changed: LinkSpec) -> (u64, bool) {
-    let mut lab = Lab::new(1, path(20, 100), Duration::from_secs(60));
-    lab.at(
-        PATH_CHANGE,
-        LabEvent::SetLink("a".into(), "b".into(), changed),
-    );
-    lab.at(
-        PATH_CHANGE,
-        LabEvent::SetLink("b".into(), "a".into(), changed),
-    );
-    let received = lab.shared_log::<u64>("received");
-    {
-        let received = received.clone();
-        lab.host("b", move |context| {
-            let received = received.clone();
-            async move {
-                let (node, _) = context.start_node(context.node_config()).await?;
-                let mut inbox = node.subscribe_batches(DATA)?;
-                while let Some(batch) = inbox.recv().await {
-                    let id = batch.header().batch_id;
-                    if batch.collect().await.is_ok() {
-                        received.push(id);
-                    }
-                }
-                Ok(())
-            }
-        });
-    }
-    let b = lab.node_address("b").unwrap();
-    let b_id = lab.peer_id("b");
-    let outcome = Rc::new(Cell::new((0u64, false)));
-    {
-        let (outcome, received) = (outcome.clone(), received.clone());
-        lab.client("a", move |context| async move {
-            let (node, stats) = context.start_node(context.node_config()).await?;
-            let arrived = |count: usize| {
-                let received = received.clone();
-                async move {
-                    while received.len() < count {
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                    }
-                }
-            };
-            let mut expected = 0;
-            if warm {
-                node.connect(b, b_id).await?;
-                let (header, chunks) = batch(1, 4_000_000);
-                node.send_batch(b_id, header, chunks).await?;
-                expected += 1;
-                arrived(expected).await;
-                node.close_for_violation(b_id, "test_redial");
-                while node.connected_peers().contains(&b_id) {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-            }
-            tokio::time::sleep(PATH_CHANGE.saturating_sub(clock()) + Duration::from_millis(100))
-                .await;
-            node.connect(b, b_id).await?;
-            let before = stats.queue_drops.load(std::sync::atomic::Ordering::Relaxed);
-            let (header, chunks) = batch(2, 1_000_000);
-            node.send_batch(b_id, header, chunks).await?;
-            expected += 1;
-            arrived(expected).await;
-            let drops = stats.queue_drops.load(std::sync::atomic::Ordering::Relaxed) - before;
-            outcome.set((drops, received.len() == expected));
-            Ok(())
-        });
-    }
-    let finished = lab.run(Duration::from_secs(60), |_| {}).unwrap();
-    assert!(finished, "the run did not finish");
-    outcome.get()
+/// Which end of the connection sends the batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sender {
+    /// `a`, which dials.
+    Dialer,
+    /// `b`, which accepts.
+    Acceptor,
 }
 
-/// The issue's path change: the RTT doubled, so the estimate is dropped and the redial starts
-/// as a cold start does.
-#[test]
-fn a_redial_after_the_rtt_doubled_overflows_no_more_than_a_cold_start() {
-    let (cold, cold_whole) = second_batch_drops(false, path(40, 25));
-    let (resumed, resumed_whole) = second_batch_drops(true, path(40, 25));
-    assert!(cold_whole && resumed_whole);
-    assert!(resumed <= cold, "resumed {resumed} drops, cold {cold}");
-}
-
-/// The rate quartered at the same RTT: the estimate is used (half the old rate is twice the new
-/// one), and the first flight fits the new path and its one-BDP queue.
-#[test]
-fn a_redial_after_the_rate_quartered_overflows_no_more_than_a_cold_start() {
-    let (cold, cold_whole) = second_batch_drops(false, path(20, 25));
-    let (resumed, resumed_whole) = second_batch_drops(true, path(20, 25));
-    assert!(cold_whole && resumed_whole);
-    assert!(resumed <= cold, "resumed {resumed} drops, cold {cold}");
-}
-
-/// The same for a connection the batch's sender accepted: `a` dials `b` and `b` sends. With
-/// `warm`, `b` sends a 4 MB batch on a 20 ms, 100 Mbit/s path first (the estimate, remembered
-/// under `a`'s address) and `a` closes the connection; then, on the `changed` path, `a` redials
-/// and `b` sends 1 MB on the accepted connection. Returns the datagrams `b`'s link queue dropped
-/// during that batch, whether every batch arrived whole, and how long `b` took to send it.
-fn accepted_second_batch(warm: bool, changed: LinkSpec) -> (u64, bool, Duration) {
+/// `a` dials `b` and `sender` sends: with `warm`, a 4 MB batch on a 20 ms, 100 Mbit/s path first
+/// (the estimate, remembered under the other end's address) and the connection closed; then, on
+/// the `changed` path, `a` redials and the sender sends 1 MB. Returns the datagrams the sender's
+/// link queue dropped while that batch crossed, whether every batch arrived whole, and how long
+/// the sender took to send it.
+fn second_batch(sender: Sender, warm: bool, changed: LinkSpec) -> (u64, bool, Duration) {
     let mut lab = Lab::new(1, path(20, 100), Duration::from_secs(60));
     for (from, to) in [("a", "b"), ("b", "a")] {
         lab.at(
@@ -154,31 +68,59 @@ fn accepted_second_batch(warm: bool, changed: LinkSpec) -> (u64, bool, Duration)
             LabEvent::SetLink(from.into(), to.into(), changed),
         );
     }
+    let sizes: &'static [usize] = if warm {
+        &[4_000_000, 1_000_000]
+    } else {
+        &[1_000_000]
+    };
     let received = lab.shared_log::<u64>("received");
     let measured = lab.shared_log::<(u64, u64)>("measured");
     let a_id = lab.peer_id("a");
+    let b_id = lab.peer_id("b");
+    // The sender's part of round `round`: send, and once the batch arrived, count the drops.
+    let send = {
+        let (received, measured) = (received.clone(), measured.clone());
+        move |node: meshwire::Node,
+              stats: std::sync::Arc<meshwire_lab::socket::SocketStats>,
+              to: meshwire::PeerId,
+              round: usize| {
+            let (received, measured) = (received.clone(), measured.clone());
+            async move {
+                let before = stats.queue_drops.load(Ordering::Relaxed);
+                let started = clock();
+                let (header, chunks) = batch(round as u64 + 1, sizes[round]);
+                node.send_batch(to, header, chunks).await?;
+                let took = clock() - started;
+                while received.len() <= round {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                let drops = stats.queue_drops.load(Ordering::Relaxed) - before;
+                measured.push((drops, took.as_micros() as u64));
+                Ok::<(), Box<dyn std::error::Error>>(())
+            }
+        }
+    };
     {
-        let measured = measured.clone();
+        let (received, send) = (received.clone(), send.clone());
         lab.host("b", move |context| {
-            let measured = measured.clone();
+            let (received, send) = (received.clone(), send.clone());
             async move {
                 let (node, stats) = context.start_node(context.node_config()).await?;
-                let sizes: &[usize] = if warm {
-                    &[4_000_000, 1_000_000]
-                } else {
-                    &[1_000_000]
-                };
-                for (index, &bytes) in sizes.iter().enumerate() {
+                if sender == Sender::Dialer {
+                    let mut inbox = node.subscribe_batches(DATA)?;
+                    while let Some(batch) = inbox.recv().await {
+                        let id = batch.header().batch_id;
+                        if batch.collect().await.is_ok() {
+                            received.push(id);
+                        }
+                    }
+                    return Ok(());
+                }
+                for round in 0..sizes.len() {
                     while !node.connected_peers().contains(&a_id) {
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
-                    let before = stats.queue_drops.load(std::sync::atomic::Ordering::Relaxed);
-                    let started = clock();
-                    let (header, chunks) = batch(index as u64 + 1, bytes);
-                    node.send_batch(a_id, header, chunks).await?;
-                    let drops =
-                        stats.queue_drops.load(std::sync::atomic::Ordering::Relaxed) - before;
-                    measured.push((drops, (clock() - started).as_micros() as u64));
+                    send(node.clone(), stats.clone(), a_id, round).await?;
                     while node.connected_peers().contains(&a_id) {
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
@@ -188,27 +130,33 @@ fn accepted_second_batch(warm: bool, changed: LinkSpec) -> (u64, bool, Duration)
         });
     }
     let b = lab.node_address("b").unwrap();
-    let b_id = lab.peer_id("b");
     let whole = Rc::new(Cell::new(false));
     {
         let (whole, received, measured) = (whole.clone(), received.clone(), measured.clone());
         lab.client("a", move |context| async move {
-            let (node, _) = context.start_node(context.node_config()).await?;
-            let mut inbox = node.subscribe_batches(DATA)?;
-            let rounds = if warm { 2 } else { 1 };
-            for round in 0..rounds {
-                if round + 1 == rounds {
+            let (node, stats) = context.start_node(context.node_config()).await?;
+            let mut inbox = match sender {
+                Sender::Acceptor => Some(node.subscribe_batches(DATA)?),
+                Sender::Dialer => None,
+            };
+            for round in 0..sizes.len() {
+                if round + 1 == sizes.len() {
                     tokio::time::sleep(
                         PATH_CHANGE.saturating_sub(clock()) + Duration::from_millis(100),
                     )
                     .await;
                 }
                 node.connect(b, b_id).await?;
-                let batch = inbox.recv().await.ok_or("no batch")?;
-                let id = batch.header().batch_id;
-                batch.collect().await?;
-                received.push(id);
-                // b has measured its send before the connection goes.
+                match inbox.as_mut() {
+                    None => send(node.clone(), stats.clone(), b_id, round).await?,
+                    Some(inbox) => {
+                        let batch = inbox.recv().await.ok_or("no batch")?;
+                        let id = batch.header().batch_id;
+                        batch.collect().await?;
+                        received.push(id);
+                    }
+                }
+                // The sender has measured its batch before the connection goes.
                 while measured.len() <= round {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
@@ -217,8 +165,7 @@ fn accepted_second_batch(warm: bool, changed: LinkSpec) -> (u64, bool, Duration)
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
-            let expected = rounds;
-            whole.set(received.len() == expected);
+            whole.set(received.len() == sizes.len());
             Ok(())
         });
     }
@@ -232,6 +179,26 @@ fn accepted_second_batch(warm: bool, changed: LinkSpec) -> (u64, bool, Duration)
     (drops, whole.get(), Duration::from_micros(micros))
 }
 
+/// The issue's path change: the RTT doubled, so the estimate is dropped and the redial starts
+/// as a cold start does.
+#[test]
+fn a_redial_after_the_rtt_doubled_overflows_no_more_than_a_cold_start() {
+    let (cold, cold_whole, _) = second_batch(Sender::Dialer, false, path(40, 25));
+    let (resumed, resumed_whole, _) = second_batch(Sender::Dialer, true, path(40, 25));
+    assert!(cold_whole && resumed_whole);
+    assert!(resumed <= cold, "resumed {resumed} drops, cold {cold}");
+}
+
+/// The rate quartered at the same RTT: the estimate is used (half the old rate is twice the new
+/// one), and the first flight fits the new path and its one-BDP queue.
+#[test]
+fn a_redial_after_the_rate_quartered_overflows_no_more_than_a_cold_start() {
+    let (cold, cold_whole, _) = second_batch(Sender::Dialer, false, path(20, 25));
+    let (resumed, resumed_whole, _) = second_batch(Sender::Dialer, true, path(20, 25));
+    assert!(cold_whole && resumed_whole);
+    assert!(resumed <= cold, "resumed {resumed} drops, cold {cold}");
+}
+
 /// A connection the sender accepted resumes as a dialed one does: after the rate quartered it
 /// overflows the queue no more than a cold start, and after the RTT doubled the estimate is
 /// dropped. Prints the send times beside the drops (a measurement, not asserted).
@@ -242,8 +209,8 @@ fn an_accepted_connection_resumes_no_less_safely_than_a_cold_start() {
         ("rate quartered", path(20, 25)),
         ("rtt doubled", path(40, 25)),
     ] {
-        let (cold, cold_whole, cold_time) = accepted_second_batch(false, changed);
-        let (resumed, resumed_whole, resumed_time) = accepted_second_batch(true, changed);
+        let (cold, cold_whole, cold_time) = second_batch(Sender::Acceptor, false, changed);
+        let (resumed, resumed_whole, resumed_time) = second_batch(Sender::Acceptor, true, changed);
         eprintln!(
             "accepted, path {what}: 1 MB sent in {resumed_time:?} resumed ({resumed} drops) \
              against {cold_time:?} cold ({cold} drops)"
