@@ -503,16 +503,11 @@ impl ObjectService {
         });
         // The handlers live in the node; a weak reference keeps them from keeping the node alive.
         let weak = Arc::downgrade(&service.inner);
-        // FETCH, STORE and CAS touch the store: they run on the blocking pool.
+        // FETCH, STORE and CAS touch the store: they run on the blocking pool (FETCH only when
+        // the object cache does not hold the object).
         node.handle(FETCH, move |peer, body| {
             let service = upgrade(&weak);
-            async move {
-                let service = service?;
-                let inline = service.inner.inline_store;
-                blocking(inline, move || service.serve_fetch(peer, &body))
-                    .await
-                    .unwrap_or(Err(HandlerError::Stopped))
-            }
+            async move { service?.serve_fetch_offloaded(peer, body).await }
         })?;
         let weak = Arc::downgrade(&service.inner);
         node.handle(STORE, move |peer, body| {
