@@ -542,5 +542,14 @@ fn oversized_store_frames_are_refused_unread() {
     arena.honest_is_served();
     let peak = tracked_live_and_peak().1;
     let after = arena.settled_heap();
+    // What stays above `before` is held by the flooder's connection: closing it frees it.
+    arena
+        .victim
+        .close_for_violation(peer(MEMBER_FLOODER), "flood_over");
+    let closed = arena.settled_heap();
+    eprintln!(
+        "flood oversized stores: victim heap {:.1} MiB once the flooder's connection closed",
+        closed as f64 / MIB
+    );
     arena.report("oversized stores", before, peak, after);
 }
