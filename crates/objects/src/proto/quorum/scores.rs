@@ -295,16 +295,23 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
             .map_or(self.config.prior_latency, |stats| millis(stats.srtt_ms))
     }
 
-    /// The tail estimate of `peer`: `srtt + max(4·rttvar, srtt/4)`, or the prior for a stranger.
-    /// As RFC 6298 keeps the RTO at least a clock granularity above SRTT, the tail stays a
-    /// quarter above the mean: a steady peer's deviation decays towards zero, and without the
-    /// floor any answer a few milliseconds slower than usual (another key, another disk read)
-    /// would count as late.
+    /// The tail estimate of `peer`: `srtt + max(4·rttvar, srtt/4, 1 ms)`, or the prior for a
+    /// stranger. As RFC 6298 keeps the RTO at least a clock granularity above SRTT, the tail
+    /// stays a quarter above the mean: a steady peer's deviation decays towards zero, and without
+    /// the floor any answer a few milliseconds slower than usual (another key, another disk read)
+    /// would count as late. On sub-millisecond paths (a cluster on one host or one rack) a
+    /// quarter is tens of microseconds, less than one scheduling delay, so the slack is also at
+    /// least [`GRANULARITY`], as RFC 9002's probe timeout is at least its `kGranularity` above
+    /// the smoothed RTT.
     pub fn tail_latency(&self, peer: P) -> Duration {
+        let granularity_ms = GRANULARITY.as_secs_f64() * 1e3;
         self.peers
             .get(&peer)
             .map_or(self.config.prior_latency, |stats| {
-                millis(stats.srtt_ms + (4.0 * stats.rttvar_ms).max(stats.srtt_ms / 4.0))
+                let slack = (4.0 * stats.rttvar_ms)
+                    .max(stats.srtt_ms / 4.0)
+                    .max(granularity_ms);
+                millis(stats.srtt_ms + slack)
             })
     }
 
@@ -453,10 +460,14 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
     }
 }
 
-/// One EWMA step towards `event`; a first sample (`NaN` before it) sets the average outright.
+/// The least slack of a tail estimate over the mean: RFC 9002's `kGranularity`, the timer
+/// granularity below which a later answer is scheduling noise, not lateness.
+pub const GRANULARITY: Duration = Duration::from_millis(1);
+
 /// The chance that a peer never measured answers in time.
 const STRANGER_TIMELY: f64 = 0.5;
 
+/// One EWMA step towards `event`; a first sample (`NaN` before it) sets the average outright.
 fn ewma(value: f64, alpha: f64, event: bool) -> f64 {
     let sample = if event { 1.0 } else { 0.0 };
     if value.is_nan() {
@@ -514,6 +525,20 @@ mod tests {
         assert!(!ranked[3].reachable);
         assert_eq!(ranked[3].timely, 0.0);
         assert_eq!(ranked[0].timely, 0.5, "nothing known of anyone yet");
+    }
+
+    #[test]
+    fn a_sub_millisecond_peer_is_late_only_a_granularity_past_its_mean() {
+        let mut scores = PeerScores::<u32>::new(ScoreConfig::default());
+        let us = Duration::from_micros;
+        for _ in 0..50 {
+            scores.record_success(0, us(400));
+            scores.record_success(1, ms(40));
+        }
+        // A quarter of 400 µs would make a 600 µs answer late; the slack is a granularity.
+        assert_eq!(scores.tail_latency(0), us(400) + GRANULARITY);
+        // On a longer path the quarter is the larger slack.
+        assert_eq!(scores.tail_latency(1), ms(50));
     }
 
     #[test]
