@@ -81,7 +81,7 @@
 //! - Quorum plans (`proto::quorum`): `sequential` (Zold: one replica after another), `parallel-all`
 //!   (everyone, wait for all or the deadline), `hedged` (default: the best `quorum` replicas by an EWMA
 //!   of latency and errors, a hedge to the next-best when one is later than its tail estimate
-//!   `srtt + 4·rttvar`, failures replaced at once, an occasional extra random replica to re-measure peers
+//!   `srtt + max(4·rttvar, srtt/4, 1 ms)`, failures replaced at once, an occasional extra random replica to re-measure peers
 //!   that may have recovered). One deadline covers the whole request.
 //! - Anti-entropy ([`proto::entropy`], `net/service/entropy.rs`): every `anti_entropy_interval`
 //!   (default 5 s, jittered ±50%; 0 disables), 250 ms after a member connects, and at once after
@@ -115,7 +115,8 @@
 //!   128 MiB) holds redb's page cache and a cache of hot objects (half each; objects up to a
 //!   quarter of the cache), so many readers of one object share one buffer. Store calls run on
 //!   tokio's blocking pool (or on the calling task with `ServiceOptions::inline_store`, which the
-//!   lab's chaos test sets so that a seed repeats its run exactly).
+//!   lab's chaos test sets so that a seed repeats its run exactly); a fetch answered from the
+//!   object cache makes no store call.
 //!
 //! ## HTTP API
 //!

@@ -10,7 +10,7 @@
 //!
 //! - [`PeerScores`] keeps, per peer, an EWMA of answer latency (`srtt`), of its deviation
 //!   (`rttvar`, as TCP's RTO estimator, RFC 6298 §2), of errors, and of lateness (not answering by
-//!   its hedge delay). A peer's *tail estimate* is `srtt + max(4·rttvar, srtt/4)`; its *score* (lower is
+//!   its hedge delay). A peer's *tail estimate* is `srtt + max(4·rttvar, srtt/4, 1 ms)`; its *score* (lower is
 //!   better) adds `error_penalty · error_ewma`; its *timeliness* is one minus its lateness. Peers
 //!   are ordered by score, ties broken at random.
 //!   A peer never heard from is ranked by what the transport knows ([`PathHint`]): expected at its
