@@ -179,29 +179,40 @@ fn second_batch(sender: Sender, warm: bool, changed: LinkSpec) -> (u64, bool, Du
     (drops, whole.get(), Duration::from_micros(micros))
 }
 
+/// Runs the last batch cold and resumed on the `changed` path, `sender` sending; prints both
+/// (a measurement, not asserted) and checks that both arrived whole and that the resumed one
+/// overflowed the queue no more than the cold one.
+fn resumed_overflows_no_more_than_cold(sender: Sender, what: &str, changed: LinkSpec) {
+    let (cold, cold_whole, cold_time) = second_batch(sender, false, changed);
+    let (resumed, resumed_whole, resumed_time) = second_batch(sender, true, changed);
+    eprintln!(
+        "{sender:?} sends, path {what}: 1 MB sent in {resumed_time:?} resumed ({resumed} drops) \
+         against {cold_time:?} cold ({cold} drops)"
+    );
+    assert!(cold_whole && resumed_whole, "{what}");
+    assert!(
+        resumed <= cold,
+        "{what}: resumed {resumed} drops, cold {cold}"
+    );
+}
+
 /// The issue's path change: the RTT doubled, so the estimate is dropped and the redial starts
 /// as a cold start does.
 #[test]
 fn a_redial_after_the_rtt_doubled_overflows_no_more_than_a_cold_start() {
-    let (cold, cold_whole, _) = second_batch(Sender::Dialer, false, path(40, 25));
-    let (resumed, resumed_whole, _) = second_batch(Sender::Dialer, true, path(40, 25));
-    assert!(cold_whole && resumed_whole);
-    assert!(resumed <= cold, "resumed {resumed} drops, cold {cold}");
+    resumed_overflows_no_more_than_cold(Sender::Dialer, "rtt doubled", path(40, 25));
 }
 
 /// The rate quartered at the same RTT: the estimate is used (half the old rate is twice the new
 /// one), and the first flight fits the new path and its one-BDP queue.
 #[test]
 fn a_redial_after_the_rate_quartered_overflows_no_more_than_a_cold_start() {
-    let (cold, cold_whole, _) = second_batch(Sender::Dialer, false, path(20, 25));
-    let (resumed, resumed_whole, _) = second_batch(Sender::Dialer, true, path(20, 25));
-    assert!(cold_whole && resumed_whole);
-    assert!(resumed <= cold, "resumed {resumed} drops, cold {cold}");
+    resumed_overflows_no_more_than_cold(Sender::Dialer, "rate quartered", path(20, 25));
 }
 
 /// A connection the sender accepted resumes as a dialed one does: after the rate quartered it
 /// overflows the queue no more than a cold start, and after the RTT doubled the estimate is
-/// dropped. Prints the send times beside the drops (a measurement, not asserted).
+/// dropped.
 #[test]
 fn an_accepted_connection_resumes_no_less_safely_than_a_cold_start() {
     for (what, changed) in [
@@ -209,16 +220,6 @@ fn an_accepted_connection_resumes_no_less_safely_than_a_cold_start() {
         ("rate quartered", path(20, 25)),
         ("rtt doubled", path(40, 25)),
     ] {
-        let (cold, cold_whole, cold_time) = second_batch(Sender::Acceptor, false, changed);
-        let (resumed, resumed_whole, resumed_time) = second_batch(Sender::Acceptor, true, changed);
-        eprintln!(
-            "accepted, path {what}: 1 MB sent in {resumed_time:?} resumed ({resumed} drops) \
-             against {cold_time:?} cold ({cold} drops)"
-        );
-        assert!(cold_whole && resumed_whole, "{what}");
-        assert!(
-            resumed <= cold,
-            "{what}: resumed {resumed} drops, cold {cold}"
-        );
+        resumed_overflows_no_more_than_cold(Sender::Acceptor, what, changed);
     }
 }
