@@ -52,9 +52,10 @@ impl ObjectService {
             Some(object) => Some(object),
             None => {
                 let key = request.key.to_string();
+                // The blocking pool stops only with the runtime: answered as the other handlers do.
                 self.on_store(move |store| store.get(&key))
                     .await
-                    .map_err(handler_error)?
+                    .map_err(|_| HandlerError::Stopped)?
                     .map_err(handler_error)?
             }
         };
