@@ -10,8 +10,9 @@
 use bytes::Bytes;
 use meshwire::{HandlerError, PeerId};
 
+use crate::net::store::StoredObject;
 use crate::proto::clock::ClockError;
-use crate::proto::object::{self, ObjectError, Refusal, Stamp, Stored};
+use crate::proto::object::{self, FetchMode, FetchRequest, ObjectError, Refusal, Stamp, Stored};
 
 use super::{encode_fetched, lock, ObjectService, ReasonLabel};
 
@@ -26,13 +27,12 @@ pub(super) fn refusal_of(error: ClockError) -> Refusal {
 impl ObjectService {
     /// Answers `peer`'s fetch request from the local store, or refuses it.
     pub fn serve_fetch(&self, peer: PeerId, body: &[u8]) -> Result<Bytes, HandlerError> {
-        let request = object::decode_fetch(body).map_err(|error| self.malformed(peer, error))?;
-        if let Err(reason) = self.admit(peer, request.clock, None) {
-            return self.refuse(peer, request.key, reason);
-        }
+        let request = match self.admit_fetch(peer, body) {
+            Ok(request) => request,
+            Err(answer) => return answer,
+        };
         let held = self.inner.store.get(request.key).map_err(handler_error)?;
-        let clock = self.tick().map_err(handler_error)?;
-        Ok(encode_fetched(clock, request.mode, held.as_ref()))
+        self.answer_fetch(request.mode, held.as_ref())
     }
 
     /// [`Self::serve_fetch`] as the node's handler runs it: decoding, the gate and an object the
@@ -44,10 +44,10 @@ impl ObjectService {
         peer: PeerId,
         body: Bytes,
     ) -> Result<Bytes, HandlerError> {
-        let request = object::decode_fetch(&body).map_err(|error| self.malformed(peer, error))?;
-        if let Err(reason) = self.admit(peer, request.clock, None) {
-            return self.refuse(peer, request.key, reason);
-        }
+        let request = match self.admit_fetch(peer, &body) {
+            Ok(request) => request,
+            Err(answer) => return answer,
+        };
         let held = match self.inner.store.cached(request.key) {
             Some(object) => Some(object),
             None => {
@@ -59,8 +59,32 @@ impl ObjectService {
                     .map_err(handler_error)?
             }
         };
+        self.answer_fetch(request.mode, held.as_ref())
+    }
+
+    /// Decodes `peer`'s fetch request and passes it through the gate: the request to answer, or
+    /// the answer already due (a malformed request's error, a refusal).
+    fn admit_fetch<'b>(
+        &self,
+        peer: PeerId,
+        body: &'b [u8],
+    ) -> Result<FetchRequest<'b>, Result<Bytes, HandlerError>> {
+        let request =
+            object::decode_fetch(body).map_err(|error| Err(self.malformed(peer, error)))?;
+        match self.admit(peer, request.clock, None) {
+            Ok(()) => Ok(request),
+            Err(reason) => Err(self.refuse(peer, request.key, reason)),
+        }
+    }
+
+    /// The answer to an admitted fetch request, stamped with this node's clock.
+    fn answer_fetch(
+        &self,
+        mode: FetchMode,
+        held: Option<&StoredObject>,
+    ) -> Result<Bytes, HandlerError> {
         let clock = self.tick().map_err(handler_error)?;
-        Ok(encode_fetched(clock, request.mode, held.as_ref()))
+        Ok(encode_fetched(clock, mode, held))
     }
 
     /// Stores a copy sent by `peer` if it wins over the local one, or refuses it. Answers
