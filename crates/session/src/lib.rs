@@ -47,7 +47,8 @@
 //!   minimum) or a loss, the window also grows by one per packet acknowledged from a first burst
 //!   of 128 (startup), and before its own RTT is measured a path uses the shortest delay from
 //!   sending to any ACK covering its packets (often a faster path's). Segments go to the path
-//!   with the earliest expected arrival (a departure clock advanced by 1/rate per packet, or set
+//!   with the earliest expected arrival (a departure clock advanced by 1/rate per packet, never
+//!   further ahead than the path's packets in flight take at that rate, or set
 //!   by [`Sender::block_path_until`](proto::Sender::block_path_until) when the transport says when the path frees up, plus half
 //!   the min RTT; a path without an RTT sample counts as at least half the time its first packet
 //!   has gone unechoed); a path takes a new segment only if that arrives by the water level of the
