@@ -50,8 +50,8 @@
 //!   with the earliest expected arrival (a departure clock advanced by 1/rate per packet, never
 //!   further ahead than the path's packets in flight take at that rate, or set
 //!   by [`Sender::block_path_until`](proto::Sender::block_path_until) when the transport says when the path frees up, plus half
-//!   the min RTT; a path without an RTT sample counts as at least half the time its first packet
-//!   has gone unechoed); a path takes a new segment only if that arrives by the water level of the
+//!   the min RTT; a path without an RTT sample counts as at least the time its first packet
+//!   has gone unechoed: a wait already that long is expected to last as long again); a path takes a new segment only if that arrives by the water level of the
 //!   unsent segments over the measured paths (the smallest `T` with Σ rateᵢ · max(0, T − arrivalᵢ)
 //!   ≥ unsent), so near the end of the data a slow path is left idle. Loss is detected
 //!   from ACKs (3 later packets on the same path acknowledged, or 9/8 RTT older than an

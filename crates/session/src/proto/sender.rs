@@ -116,7 +116,7 @@ impl Path {
         self.largest_acked_index = Some(self.largest_acked_index.map_or(index, |l| l.max(index)));
     }
 
-    fn new(config: &SessionConfig, initial_rto: Duration) -> Self {
+    pub(super) fn new(config: &SessionConfig, initial_rto: Duration) -> Self {
         Self {
             state: PathState::Active,
             in_flight_packets: 0,

@@ -84,13 +84,17 @@ impl Estimate {
         self.rate_filter.front().map(|&(_, rate)| rate)
     }
 
-    /// The path's one-way delay: half its RTT, and until the RTT is measured, at least half the
-    /// time its first packet has gone without an echo (a path silent that long is that slow).
+    /// The path's one-way delay: half its RTT, and until the RTT is measured, at least the time
+    /// its first packet has gone without an echo. That wait bounds the RTT from below only; the
+    /// estimate takes the RTT as twice the wait so far (a wait already this long is expected to
+    /// last as long again), not the bound itself. With the bound, a 412 ms path silent for
+    /// 275 ms counted as 137 ms one way and took new segments beside 6–60 ms paths, and the
+    /// whole transfer waited for them (multipath sweep, seed 1, case 5).
     fn one_way(&self, path: &Path, now: Instant) -> Duration {
         let measured = path.one_way();
         match self.first_unmeasured_send {
             Some(first) if path.rtt.min().is_none() => {
-                measured.max(now.saturating_duration_since(first) / 2)
+                measured.max(now.saturating_duration_since(first))
             }
             _ => measured,
         }
@@ -762,6 +766,8 @@ impl WindowPolicy for Meshwire {
 mod tests {
     use std::time::{Duration, Instant};
 
+    use super::super::super::sender::Path;
+    use super::super::super::{Policy, SessionConfig};
     use super::{water_level, Estimate, WINDOW_GAIN};
 
     fn close(a: f64, b: f64) -> bool {
@@ -830,6 +836,20 @@ mod tests {
         );
         estimate.departure_clock = Some(start);
         assert_eq!(estimate.queue_clears(100, now), now);
+    }
+
+    #[test]
+    fn a_path_silent_for_a_while_is_expected_to_stay_silent_as_long_again() {
+        // No echo 300 ms after the first packet: the RTT exceeds 300 ms, and the estimate takes
+        // it as 600 ms, so one way counts as 300 ms.
+        let config = SessionConfig::new(Policy::Meshwire);
+        let path = Path::new(&config, Duration::from_secs(1));
+        let start = Instant::now();
+        let mut estimate = Estimate::new(128.0);
+        assert_eq!(estimate.one_way(&path, start), Duration::ZERO);
+        estimate.first_unmeasured_send = Some(start);
+        let now = start + Duration::from_millis(300);
+        assert_eq!(estimate.one_way(&path, now), Duration::from_millis(300));
     }
 
     #[test]
