@@ -61,7 +61,9 @@
 //!   most 3 transmissions of a segment in flight); while the receive window holds new data back,
 //!   and once the finished stream is all sent, an idle path carries a copy of one of the 64
 //!   oldest unacknowledged segments whose copies in flight arrive later than it would (late
-//!   copies, MPTCP's opportunistic retransmission; a path with no RTT sample yet counts as late);
+//!   copies, MPTCP's opportunistic retransmission; a copy in flight is due half the minimum RTT
+//!   after it left plus the queue the path's latest RTT shows, and on a path with no RTT sample
+//!   yet counts as late);
 //!   RTO per RFC 6298 with a
 //!   configurable floor. A path whose RTO fires is failed: its packets are retransmitted
 //!   elsewhere and it carries only probes (at most every `max_probe_interval`) until one is

@@ -453,8 +453,11 @@ impl Meshwire {
         None
     }
 
-    /// When a packet sent on `path` at `sent_at` should arrive, by the path's one-way delay;
-    /// `None` on a path with no RTT sample yet (its packets may all still be on the way).
+    /// When a packet sent on `path` at `sent_at` should arrive, by the path's one-way delay and
+    /// the queue its latest RTT shows above the minimum (a packet sent into a queue waits in
+    /// it: on a 128 packets/s relay path a session's startup left 1–2 s of queue, and the end
+    /// of a transfer waited for packets counted as due at half the minimum RTT); `None` on a
+    /// path with no RTT sample yet (its packets may all still be on the way).
     fn copy_arrival(
         &self,
         core: &Core,
@@ -464,8 +467,9 @@ impl Meshwire {
     ) -> Option<Instant> {
         let state = core.paths.get(&path)?;
         let estimate = self.estimates.get(&path)?;
-        state.rtt.min()?;
-        Some(sent_at + estimate.one_way(state, now))
+        let min = state.rtt.min()?;
+        let queue = state.rtt.latest().unwrap_or(min).saturating_sub(min);
+        Some(sent_at + estimate.one_way(state, now) + queue)
     }
 
     /// When blocked by the peer's window with nothing in flight, probe so an ACK brings news.
