@@ -63,7 +63,7 @@
 //!   oldest unacknowledged segments whose copies in flight arrive later than it would (late
 //!   copies, MPTCP's opportunistic retransmission; a copy in flight is due half the minimum RTT
 //!   after it left plus the queue the path's latest RTT shows, and on a path with no RTT sample
-//!   yet counts as late);
+//!   yet counts as late; a copy must arrive earlier by more than one packet's time on its path);
 //!   RTO per RFC 6298 with a
 //!   configurable floor. A path whose RTO fires is failed: its packets are retransmitted
 //!   elsewhere and it carries only probes (at most every `max_probe_interval`) until one is

@@ -428,6 +428,14 @@ impl Meshwire {
         candidates: &[(PathId, Instant)],
     ) -> Option<Transmit> {
         for &(id, arrival) in candidates {
+            // A copy takes one packet's time on its path; it is worth that only if it arrives
+            // earlier by more (a tie within the path's own service time gains nothing).
+            let service = self
+                .estimates
+                .get(&id)
+                .and_then(Estimate::rate)
+                .map_or(Duration::ZERO, |rate| Duration::from_secs_f64(1.0 / rate));
+            let arrival = arrival + service;
             let late = core
                 .segments
                 .iter()
