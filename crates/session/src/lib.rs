@@ -206,14 +206,15 @@
 //!   |---|---|---|---|
 //!   | one direct path | 0.969 MB/s (eff. 0.975) | 0.953 MB/s (0.96) | 0.992 MB/s (1.00) |
 //!   | direct + relay | 1.879 MB/s (0.951) | 1.808 MB/s (0.92) | 1.966 MB/s (0.995) |
-//!   | direct + 128 pkt/s @ 500 ms relay | 0.954 MB/s (0.860) | (0.79) | 1.014 MB/s (0.91) |
+//!   | direct + 128 pkt/s @ 500 ms relay | 1.034 MB/s (0.932) | (0.79) | 1.014 MB/s (0.91) |
 //!   | direct, loss 0.01 | 0.907 MB/s (0.922) | 0.142 MB/s (0.14) | 0.981 MB/s (0.998) |
-//!   | loss 0.01 + relay loss 0.1 | 1.194 MB/s (0.639) | 0.186 MB/s (0.10) | 1.828 MB/s (0.978) |
-//!   | direct + 3 relays (20, 100, 500 ms) | 2.051 MB/s (0.803) | | |
+//!   | loss 0.01 + relay loss 0.1 | 1.646 MB/s (0.881) | 0.186 MB/s (0.10) | 1.828 MB/s (0.978) |
+//!   | direct + 3 relays (20, 100, 500 ms) | 2.032 MB/s (0.796) | | |
 //!
 //!   (Efficiency against the latency-aware ideal, seed 1, release build, each controller as the
-//!   node's; the meshwire and BBR columns from `meshwire lab run scenarios/session-quic.toml` at
-//!   the commit that bounded quinn's queue, the others from earlier runs.) Three causes were
+//!   node's; the meshwire column from `meshwire lab run scenarios/session-quic.toml` after the
+//!   departure-clock and late-copy fixes below, BBR at the commit that bounded quinn's queue,
+//!   the others from earlier runs.) Three causes were
 //!   found by tracing `direct+3-relays`, which reached 0.17 and sent 4 datagrams per one needed:
 //!   - **quinn's datagram queue.** A path whose session window ran ahead of its QUIC connection's
 //!     filled quinn's 1 MiB datagram buffer, seconds of queue the session could not see; its
@@ -239,8 +240,18 @@
 //!   2.83, 4.99, 6.72 to 2.15, 2.82, 5.27 at seed 2. The 500 ms relay row fell from 0.927 to
 //!   0.860 (0.858–0.862 over seeds 1–4) and it is the queue in quinn that costs it: with at most
 //!   2 ms or two packets queued it reaches 0.874–0.895, but then the 1%-loss row falls to 0.770
-//!   as above; how a queue of a few packets on a 128 packets/s path costs 0.5 s is not found
-//!   yet. BBR is not the default because quinn's
+//!   as above. Tracing it found the cause elsewhere: the relay's startup left 1–2 s of queue on
+//!   the link (smoothed RTT 1.0 → 2.6 s), while a late copy counted a packet in flight as due half
+//!   the minimum RTT after it left, so the end of the transfer waited for the relay's last
+//!   packets instead of copying them to the idle direct path. A copy in flight now counts as due
+//!   after the queue the path's latest RTT shows, and a copy must arrive earlier by more than one
+//!   packet's time on its path (else ties within a packet's service time made useless copies):
+//!   0.932. A second fault, found in the session sweep's worst case (seed 3, case 7: two lossy
+//!   0.8 s paths and a 114 packets/s one, 20.0 × its floor): a path's departure clock advanced
+//!   1/rate per packet with a rate estimate that lagged the path, so once the fast paths went
+//!   idle their clocks stood 3.5 s ahead and the tail went to the slow path alone. The clock now
+//!   runs no further ahead than the path's packets in flight take at its rate (13.8 × there; the
+//!   rest is quinn's window on those paths). BBR is not the default because quinn's
 //!   implementation overflows drop-tail queues and starves CUBIC flows sharing a bottleneck
 //!   (`scenarios/fairness.toml`, `docs/node.md`). meshwire's controller ignores random loss only
 //!   while no queue stands; a session saturating its paths keeps one standing, so on the lossy
