@@ -154,7 +154,21 @@ fn clean_paths_send_no_tail_copies() {
     let (_, done, counters) = run(&[SHORT, SHORT], &[], 2 << 20, Duration::from_secs(30));
     done.expect("the transfer finished");
     assert_eq!(counters.tail_copies, 0, "{counters:?}");
+    assert_eq!(counters.late_copies, 0, "{counters:?}");
     assert_eq!(counters.retransmissions, 0, "{counters:?}");
+}
+
+/// A slow path whose startup queued packets deep in its link: once everything is sent, the
+/// packets still in that queue are copied onto the idle fast path, not awaited (they are due
+/// after the queue the slow path's RTT shows, not half a minimum RTT after they left).
+#[test]
+fn packets_held_in_a_slow_paths_queue_are_copied_to_the_idle_fast_path() {
+    let (stats, done, counters) = run(&[SHORT, LONG], &[], 4 << 20, Duration::from_secs(60));
+    done.expect("the transfer finished");
+    let long = &stats[1];
+    let queued = long.smoothed_rtt.expect("measured") - 2 * LONG.0;
+    assert!(queued > Duration::from_millis(200), "{long:?}");
+    assert!(counters.late_copies > 0, "{counters:?}");
 }
 
 /// Two endpoints joined by paths that deliver at once, for the path lifecycle.
