@@ -119,10 +119,13 @@ impl Estimate {
     fn expected_arrival(&self, path: &Path, now: Instant) -> Instant {
         let start = self.queue_clears(path.in_flight_packets, now);
         let start = path.blocked_until.map_or(start, |until| until.max(start));
-        let service = self
-            .rate()
-            .map_or(Duration::ZERO, |rate| Duration::from_secs_f64(1.0 / rate));
-        start + service + self.one_way(path, now)
+        start + self.service() + self.one_way(path, now)
+    }
+
+    /// One packet's time at the path's rate (none before a rate is known).
+    fn service(&self) -> Duration {
+        self.rate()
+            .map_or(Duration::ZERO, |rate| Duration::from_secs_f64(1.0 / rate))
     }
 
     /// The window: 1.25 × rate × min RTT (at least the startup window while in startup), within
@@ -299,10 +302,10 @@ impl Meshwire {
             if unmeasured && estimate.first_unmeasured_send.is_none() {
                 estimate.first_unmeasured_send = Some(now);
             }
-            if let Some(rate) = estimate.rate() {
+            if estimate.rate().is_some() {
                 // The packets ahead of this one: those in flight before it.
                 let start = estimate.queue_clears(in_flight.saturating_sub(1), now);
-                estimate.departure_clock = Some(start + Duration::from_secs_f64(1.0 / rate));
+                estimate.departure_clock = Some(start + estimate.service());
             }
         }
         Some(transmit)
@@ -433,8 +436,7 @@ impl Meshwire {
             let service = self
                 .estimates
                 .get(&id)
-                .and_then(Estimate::rate)
-                .map_or(Duration::ZERO, |rate| Duration::from_secs_f64(1.0 / rate));
+                .map_or(Duration::ZERO, Estimate::service);
             let arrival = arrival + service;
             let late = core
                 .segments
