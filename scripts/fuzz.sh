@@ -64,7 +64,8 @@ unset CARGO_TARGET_DIR
 build_start=$(date +%s)
 bins=()
 for target in "${targets[@]}"; do bins+=(--bin "$target"); done
-RUSTFLAGS="${flags[*]}" CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
+# scripts/fuzz-rustc.sh leaves one third-party codec uninstrumented (see its header).
+RUSTC_WRAPPER="$PWD/scripts/fuzz-rustc.sh" RUSTFLAGS="${flags[*]}" CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
   cargo build --locked --quiet --release --manifest-path fuzz/Cargo.toml --target "$triple" "${bins[@]}"
 echo "built ${#targets[@]} fuzz targets in $(($(date +%s) - build_start)) s"
 
