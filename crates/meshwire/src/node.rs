@@ -398,6 +398,14 @@ impl Node {
         connected
     }
 
+    /// The round trip of the live connection to `peer`, `None` when not connected: one peer's
+    /// [`PeerStatus::rtt`] without a snapshot of every peer (a quorum plan asks this of each
+    /// candidate on every read).
+    pub fn rtt_to(&self, peer: PeerId) -> Option<Duration> {
+        let (connection, _) = self.inner.current(peer)?;
+        Some(connection.rtt())
+    }
+
     /// A snapshot of every known peer, sorted by id.
     pub fn peers(&self) -> Vec<PeerStatus> {
         let peers = lock(&self.inner.peers);

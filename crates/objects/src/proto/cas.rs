@@ -55,8 +55,17 @@ impl Precondition {
 
 /// The entity tag of a copy, quotes included: `"<version>-<hash hex>"`.
 pub fn etag(stamp: &Stamp) -> String {
-    let hash: String = stamp.hash.iter().map(|b| format!("{b:02x}")).collect();
-    format!("\"{}-{hash}\"", stamp.version)
+    use std::fmt::Write;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    // One allocation: every GET answers with one (it was 34, one per hash byte).
+    let mut tag = String::with_capacity(2 + 20 + 1 + 2 * stamp.hash.len());
+    let _ = write!(tag, "\"{}-", stamp.version);
+    for byte in stamp.hash {
+        tag.push(char::from(HEX[usize::from(byte >> 4)]));
+        tag.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
+    tag.push('"');
+    tag
 }
 
 /// Why an `If-Match` or `If-None-Match` header was refused.
