@@ -28,13 +28,21 @@
 //!   unknown, since the replicas that got the copy keep it and a later read may return it. If
 //!   replicas holding a newer copy leave fewer than W that could ack, the write lost to a newer
 //!   one ([`ObjectServiceError::Superseded`]): it will not be read.
-//! - **Read** (`get`): a [`QuorumPlan`] (policy from the
-//!   configuration, hedged by default) asks replicas for *metadata* (version and hash) and returns
-//!   at quorum. An answer whose clock or version is beyond the accepted skew counts as that
-//!   replica's failure, never as a copy. The copies are merged ([`merge`](crate::proto::object::merge): version, then trust =
-//!   1 − error rate, then holders). The content comes from this node's store when it holds the
-//!   winner, else from one of the winner's holders (and the hash is checked). Replicas that
-//!   answered with an older copy or none are repaired in the background.
+//! - **Read** (`get`, [`ObjectService::read_from`]): a [`QuorumPlan`] (policy from the
+//!   configuration, hedged by default) asks replicas in parallel and returns at quorum. Most
+//!   requests ask for *metadata* (version and hash) only; one in every `quorum` requests, the
+//!   first of them drawn at random, asks for the content too (none when this node is a replica:
+//!   it answers itself from its store), and so does a hedge sent while no content has arrived.
+//!   A read then moves about one copy of the object, not one per replica: when every replica
+//!   sent its copy, each owed a copy per read, and a replica's new connection (a congestion
+//!   window of ten packets) queued them for seconds (`docs/scenarios.md`, the quorum sweep). An
+//!   answer whose clock or version is beyond the accepted skew counts as that replica's
+//!   failure, never as a copy. The copies are merged ([`merge`](crate::proto::object::merge):
+//!   version, then trust = 1 − error rate, then holders). The content comes from an answer that
+//!   carried the winner's, else from this node's store when it holds the winner, else from one
+//!   of the winner's holders, raced against any content request the plan left in flight (the
+//!   hash is checked either way). Replicas that answered with an older copy or none are
+//!   repaired in the background.
 //!
 //! Each request has a deadline covering the whole exchange; no read ever waits on a peer beyond it.
 //! The node-to-node messages are in [`crate::proto::object`].
@@ -319,6 +327,20 @@ pub struct FetchResult {
     pub copies: Vec<(PeerId, Fetched<Bytes>)>,
     /// How the plan ended.
     pub outcome: Outcome,
+}
+
+/// What a read at quorum found ([`ObjectService::read_from`]).
+#[derive(Debug, Clone)]
+pub struct QuorumRead {
+    /// The winning copy; `None` when the quorum was not reached or no replica holds the key.
+    pub object: Option<StoredObject>,
+    /// Each answering replica's copy (with its content only where it was asked for).
+    pub copies: Vec<(PeerId, Fetched<Bytes>)>,
+    /// How the plan ended.
+    pub outcome: Outcome,
+    /// Requests made after the plan ended for the winner's content: 0 when an answer in the plan
+    /// carried it or this node held it.
+    pub content_requests: usize,
 }
 
 /// How a service is started besides its [`ObjectConfig`].
@@ -666,27 +688,17 @@ impl ObjectService {
         candidates: &[PeerId],
     ) -> Result<QuorumPlan<PeerId>, QuorumError> {
         let me = self.inner.node.peer_id();
-        let paths: HashMap<PeerId, PathHint> = self
-            .inner
-            .node
-            .peers()
-            .into_iter()
-            .filter(|status| status.connected)
-            .map(|status| {
-                let hint = PathHint {
-                    reachable: true,
-                    rtt: status.rtt,
-                };
-                (status.peer, hint)
-            })
-            .collect();
         let hinted: Vec<(PeerId, PathHint)> = candidates
             .iter()
             .map(|peer| {
                 let hint = if *peer == me {
                     PathHint::connected(Duration::ZERO)
                 } else {
-                    paths.get(peer).copied().unwrap_or_default()
+                    self.inner
+                        .node
+                        .rtt_to(*peer)
+                        .map(PathHint::connected)
+                        .unwrap_or_default()
                 };
                 (*peer, hint)
             })
@@ -706,10 +718,23 @@ impl ObjectService {
         mode: FetchMode,
         config: QuorumConfig,
     ) -> Result<FetchResult, ObjectServiceError> {
+        self.fetch_in(candidates, key, Arc::new(Modes::All(mode)), config)
+            .await
+    }
+
+    /// [`Self::fetch_from`] with each request's mode chosen by `modes`.
+    pub(super) async fn fetch_in(
+        &self,
+        candidates: &[PeerId],
+        key: &str,
+        modes: Arc<Modes>,
+        config: QuorumConfig,
+    ) -> Result<FetchResult, ObjectServiceError> {
         object::validate_key(key).map_err(ObjectServiceError::InvalidKey)?;
         let plan = self.plan(config, candidates)?;
         let clock = self.tick().map_err(ObjectServiceError::Clock)?;
-        let request = Bytes::from(object::encode_fetch(clock, mode, key));
+        let requests = [FetchMode::Metadata, FetchMode::Full]
+            .map(|mode| Bytes::from(object::encode_fetch(clock, mode, key)));
         let me = self.inner.node.peer_id();
         let service = self.clone();
         let max = self.inner.config.max_object_bytes;
@@ -717,7 +742,9 @@ impl ObjectService {
         let key_owned = key.to_string();
         let ask = move |peer: PeerId| {
             let service = service.clone();
-            let request = request.clone();
+            let mode = modes.next(peer == me);
+            let request = requests[usize::from(mode == FetchMode::Full)].clone();
+            let modes = modes.clone();
             let key = key_owned.clone();
             async move {
                 let reply = if peer == me {
@@ -739,10 +766,16 @@ impl ObjectService {
                 service.accept_answer(peer, answer.clock, version)?;
                 Ok(match fetched {
                     Fetched::Absent => Fetched::Absent,
-                    Fetched::Present { stamp, content } => Fetched::Present {
-                        stamp,
-                        content: content.map(|range| reply.slice(range)),
-                    },
+                    Fetched::Present { stamp, content } => {
+                        let content = content.map(|range| reply.slice(range));
+                        if let Some(content) = &content {
+                            modes.content_received(StoredObject {
+                                stamp,
+                                content: content.clone(),
+                            });
+                        }
+                        Fetched::Present { stamp, content }
+                    }
                 })
             }
         };
@@ -752,6 +785,116 @@ impl ObjectService {
             .requests_per_read
             .inc_by(outcome.asked as u64);
         Ok(FetchResult { copies, outcome })
+    }
+}
+
+/// Requests made closer together than this are made at once (one pass of the plan), not one as
+/// a hedge for the other.
+const HEDGE_GAP: Duration = Duration::from_millis(1);
+
+/// Which mode each request of one quorum fetch asks in.
+#[derive(Debug)]
+pub(super) enum Modes {
+    /// Every request in this mode.
+    All(FetchMode),
+    /// The content from one replica, version and hash from the others (a read, see
+    /// `service/read.rs`).
+    OneFull(Mutex<OneFull>),
+}
+
+/// The state of [`Modes::OneFull`].
+#[derive(Debug)]
+pub(super) struct OneFull {
+    /// Requests made so far.
+    asked: usize,
+    /// The first request that asks for the content (`usize::MAX`: none, this node answers it
+    /// from its own store).
+    full_at: usize,
+    /// One request in this many asks for the content.
+    quorum: usize,
+    /// The first answer with the content, published also after the plan ended (a request it left
+    /// in flight may still bring it).
+    content: tokio::sync::watch::Sender<Option<StoredObject>>,
+    /// When the content was last asked for.
+    full_sent: Option<std::time::Instant>,
+}
+
+impl Modes {
+    /// The content from one replica in every `quorum` requests, starting with the one at
+    /// `full_at` (drawn at random below `quorum` by the caller, so that no one replica carries
+    /// every read's content): a plan that asks more replicas than its quorum (at first, while it
+    /// cannot tell which are slow) expects some not to answer in time, and the content should
+    /// not wait on one of those. None when this node is a candidate (it answers in full from its
+    /// store). A later request (a hedge for a late one) also asks for the content while none has
+    /// arrived.
+    pub(super) fn one_full(full_at: usize, quorum: usize) -> Self {
+        Self::OneFull(Mutex::new(OneFull {
+            asked: 0,
+            full_at,
+            quorum: quorum.max(1),
+            content: tokio::sync::watch::Sender::new(None),
+            full_sent: None,
+        }))
+    }
+
+    /// The mode of the next request, to this node itself if `local`.
+    fn next(&self, local: bool) -> FetchMode {
+        match self {
+            Self::All(mode) => *mode,
+            Self::OneFull(_) if local => FetchMode::Full,
+            Self::OneFull(state) => {
+                let mut state = lock(state);
+                let index = state.asked;
+                state.asked += 1;
+                let at = now();
+                let in_turn = index >= state.full_at && (index - state.full_at) % state.quorum == 0;
+                // A request made in the same instant as the last one for the content is not a
+                // hedge for it.
+                let hedge = state.full_at != usize::MAX
+                    && state.content.borrow().is_none()
+                    && state
+                        .full_sent
+                        .is_some_and(|sent| at.saturating_duration_since(sent) >= HEDGE_GAP);
+                if in_turn || hedge {
+                    state.full_sent = Some(at);
+                    FetchMode::Full
+                } else {
+                    FetchMode::Metadata
+                }
+            }
+        }
+    }
+
+    fn content_received(&self, object: StoredObject) {
+        if let Self::OneFull(state) = self {
+            // The newest copy is kept: a stale replica's content never hides the winner's.
+            lock(state).content.send_if_modified(|held| {
+                let newer = held
+                    .as_ref()
+                    .is_none_or(|held| crate::proto::entropy::wins(&object.stamp, &held.stamp));
+                if newer {
+                    *held = Some(object);
+                }
+                newer
+            });
+        }
+    }
+
+    /// Waits for an answer carrying `winner`'s content, from a request made in these modes, for
+    /// as long as the plan's requests are followed up; never returns if none brings it.
+    pub(super) async fn content_of(&self, winner: Stamp) -> StoredObject {
+        if let Self::OneFull(state) = self {
+            let mut arrivals = lock(state).content.subscribe();
+            let found = arrivals
+                .wait_for(|held| held.as_ref().is_some_and(|o| o.stamp == winner))
+                .await
+                .ok()
+                .and_then(|held| held.clone());
+            if let Some(object) = found {
+                return object;
+            }
+        }
+        std::future::pending().await
     }
 }
 
@@ -775,4 +918,82 @@ fn upgrade(weak: &std::sync::Weak<Inner>) -> Result<ObjectService, HandlerError>
     weak.upgrade()
         .map(|inner| ObjectService { inner })
         .ok_or(HandlerError::Stopped)
+}
+
+#[cfg(test)]
+mod modes_tests {
+    use super::*;
+
+    fn copy(version: u64, content: &'static [u8]) -> StoredObject {
+        StoredObject {
+            stamp: Stamp {
+                version,
+                hash: object::content_hash(content),
+            },
+            content: Bytes::from_static(content),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_request_in_every_quorum_asks_for_the_content_and_a_later_hedge_too() {
+        let modes = Modes::one_full(1, 3);
+        // The plan's first pass: seven requests at one instant.
+        let first: Vec<FetchMode> = (0..7).map(|_| modes.next(false)).collect();
+        use FetchMode::{Full, Metadata};
+        assert_eq!(
+            first,
+            [Metadata, Full, Metadata, Metadata, Full, Metadata, Metadata]
+        );
+        // This node answers itself in full, whatever its turn.
+        assert_eq!(modes.next(true), Full);
+        // A request made later is a hedge for a late one: it asks for the content while none
+        // has arrived...
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert_eq!(modes.next(false), Full);
+        // ...but not once it has.
+        modes.content_received(copy(1, b"v1"));
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert_eq!(modes.next(false), Metadata);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_that_is_a_candidate_asks_no_one_else_for_the_content() {
+        let modes = Modes::one_full(usize::MAX, 2);
+        assert_eq!(modes.next(true), FetchMode::Full);
+        for _ in 0..4 {
+            assert_eq!(modes.next(false), FetchMode::Metadata);
+        }
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert_eq!(modes.next(false), FetchMode::Metadata);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_newest_content_is_kept_and_waited_for() {
+        let modes = Modes::one_full(0, 2);
+        let new = copy(2, b"new");
+        modes.content_received(new.clone());
+        modes.content_received(copy(1, b"old"));
+        let found = tokio::time::timeout(Duration::from_secs(1), modes.content_of(new.stamp))
+            .await
+            .expect("the held copy is the winner");
+        assert_eq!(found.content, new.content);
+        // No answer carries a copy that never arrived: the wait does not end.
+        let missing = Stamp {
+            version: 3,
+            hash: object::content_hash(b"newest"),
+        };
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), modes.content_of(missing))
+                .await
+                .is_err()
+        );
+        // Every request of a fetch in one mode leaves nothing to wait for.
+        let all = Modes::All(FetchMode::Full);
+        assert_eq!(all.next(false), FetchMode::Full);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), all.content_of(new.stamp))
+                .await
+                .is_err()
+        );
+    }
 }

@@ -1,5 +1,8 @@
 //! Read at quorum: ask replicas for metadata, merge, fetch the winner's content, repair the stale.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use bytes::Bytes;
 use meshwire::protocols::{OBJECT_FETCH as FETCH, OBJECT_STORE as STORE};
 use meshwire::PeerId;
@@ -11,8 +14,10 @@ use crate::proto::object::{
 use crate::proto::quorum::QuorumConfig;
 
 use super::{
-    lock, stamp_of, ObjectService, ObjectServiceError, OutcomeLabel, ReadOutcome, ReplicaError,
+    lock, stamp_of, Modes, ObjectService, ObjectServiceError, OutcomeLabel, QuorumRead,
+    ReadOutcome, ReplicaError,
 };
+use rand::Rng;
 
 impl ObjectService {
     /// Reads `key` at quorum from its replicas, merges the copies and repairs stale replicas.
@@ -51,21 +56,81 @@ impl ObjectService {
             deadline: config.deadline,
             attempt_timeout: config.attempt_timeout,
         };
-        let result = self
-            .fetch_from(&replicas, key, FetchMode::Metadata, plan_config)
-            .await?;
-        if !result.outcome.reached(quorum) {
+        let read = self.read_from(&replicas, key, plan_config).await?;
+        if !read.outcome.reached(quorum) {
             return Err(ObjectServiceError::QuorumNotReached {
                 needed: quorum,
-                reached: result.outcome.answers,
-                asked: result.outcome.asked,
+                reached: read.outcome.answers,
+                asked: read.outcome.asked,
             });
         }
+        let object = read.object.ok_or(ObjectServiceError::NotFound)?;
+        let stale: Vec<PeerId> = read
+            .copies
+            .iter()
+            .filter(|(_, fetched)| stamp_of(fetched) != Some(object.stamp))
+            .map(|(peer, _)| *peer)
+            .collect();
+        let repairs = stale.len();
+        if repairs > 0 {
+            self.inner.metrics.repairs.inc_by(repairs as u64);
+            tokio::spawn(self.clone().repair(key.to_string(), object.clone(), stale));
+        }
+        Ok(ReadOutcome {
+            object,
+            answers: read.outcome.answers,
+            asked: read.outcome.asked,
+            repairs,
+        })
+    }
+
+    /// Reads `key` from `candidates` under `config`: the plan's requests ask for the version and
+    /// hash, except one in every `quorum` of them (the first drawn at random below `quorum`,
+    /// so that no one replica carries every read's content), which ask for the content too, as
+    /// does a later request (a hedge for a late one) while no content has arrived; none when
+    /// this node is a candidate (it holds its own copy). The copies are merged, and the winner's
+    /// content comes from an answer that carried it; only when none did (those replicas were
+    /// late, failed or held another version) is it fetched afterwards, from this node's store or
+    /// one of the winner's holders, raced against the content requests still in flight.
+    ///
+    /// A replica that sends only version and hash answers in one small packet, so a read moves
+    /// about one copy of the object whatever the quorum: asking every replica for the content
+    /// made each of them owe a copy per read, and a replica's new connection, whose congestion
+    /// window starts at ten packets, queued its answers for seconds (the quorum sweep,
+    /// `docs/scenarios.md`). One in every `quorum` rather than one in all: a plan that asks more
+    /// replicas than its quorum expects some of them not to answer in time, and the content
+    /// should not wait on one of those. Used by [`Self::get`], and by the lab.
+    ///
+    /// `object` is `None` when the quorum was not reached or no replica holds `key`.
+    pub async fn read_from(
+        &self,
+        candidates: &[PeerId],
+        key: &str,
+        config: QuorumConfig,
+    ) -> Result<QuorumRead, ObjectServiceError> {
         let me = self.inner.node.peer_id();
+        let quorum = config.quorum.max(1);
+        let full_at = if candidates.contains(&me) {
+            usize::MAX
+        } else {
+            lock(&self.inner.rng).random_range(0..quorum)
+        };
+        let modes = Arc::new(Modes::one_full(full_at, quorum));
+        let result = self
+            .fetch_in(candidates, key, modes.clone(), config)
+            .await?;
+        let mut read = QuorumRead {
+            object: None,
+            copies: result.copies,
+            outcome: result.outcome,
+            content_requests: 0,
+        };
+        if !read.outcome.reached(config.quorum) {
+            return Ok(read);
+        }
         let votes: Vec<Vote> = {
             let scores = lock(&self.inner.scores);
-            result
-                .copies
+            read.copies
                 .iter()
                 .map(|(peer, fetched)| Vote {
                     stamp: stamp_of(fetched),
@@ -77,32 +142,43 @@ impl ObjectService {
                 })
                 .collect()
         };
-        let winner = merge(&votes).ok_or(ObjectServiceError::NotFound)?;
-        let object = self.content_of(key, winner, &result.copies).await?;
-        let stale: Vec<PeerId> = result
-            .copies
-            .iter()
-            .filter(|(_, fetched)| stamp_of(fetched) != Some(winner))
-            .map(|(peer, _)| *peer)
-            .collect();
-        let repairs = stale.len();
-        if repairs > 0 {
-            self.inner.metrics.repairs.inc_by(repairs as u64);
-            tokio::spawn(self.clone().repair(key.to_string(), object.clone(), stale));
-        }
-        Ok(ReadOutcome {
-            object,
-            answers: result.outcome.answers,
-            asked: result.outcome.asked,
-            repairs,
-        })
+        let Some(winner) = merge(&votes) else {
+            return Ok(read);
+        };
+        let carried = read.copies.iter().find_map(|(_, fetched)| match fetched {
+            Fetched::Present {
+                stamp,
+                content: Some(content),
+            } if *stamp == winner => Some(StoredObject {
+                stamp: *stamp,
+                content: content.clone(),
+            }),
+            _ => None,
+        });
+        read.object = Some(match carried {
+            Some(object) => object,
+            None => {
+                // A request for the content the plan left in flight may still answer first.
+                let requests = AtomicUsize::new(0);
+                let object = tokio::select! {
+                    object = modes.content_of(winner) => object,
+                    fetched = self.content_of(key, winner, &read.copies, &requests) => fetched?,
+                };
+                read.content_requests = requests.into_inner();
+                object
+            }
+        });
+        Ok(read)
     }
 
+    /// The winner's content from this node's store or one of its holders; counts in `requests`
+    /// each request it makes.
     async fn content_of(
         &self,
         key: &str,
         winner: Stamp,
         copies: &[(PeerId, Fetched<Bytes>)],
+        requests: &AtomicUsize,
     ) -> Result<StoredObject, ObjectServiceError> {
         // A copy that wins over the quorum's winner was written (acknowledged or not) after the
         // quorum answered: serving it is as good as serving the winner, and better than a 502.
@@ -120,6 +196,7 @@ impl ObjectService {
             if *peer == me || stamp_of(fetched) != Some(winner) {
                 continue;
             }
+            requests.fetch_add(1, Ordering::Relaxed);
             let Ok(reply) = self
                 .inner
                 .node
