@@ -747,36 +747,52 @@ impl ObjectService {
             let modes = modes.clone();
             let key = key_owned.clone();
             async move {
-                let reply = if peer == me {
-                    let clock = service.tick()?;
-                    encode_fetched(clock, mode, service.local_copy(&key).await?.as_ref())
+                let fetched = if peer == me {
+                    // This node's own copy, shared with its cache (never copied into an answer
+                    // buffer: 250 readers of one 5 MB object share one copy), under the same
+                    // clock and version checks as a replica's answer.
+                    let held = service.local_copy(&key).await?;
+                    let version = held.as_ref().map(|object| object.stamp.version);
+                    service.accept_answer(peer, service.tick()?, version)?;
+                    match held {
+                        None => Fetched::Absent,
+                        Some(object) => Fetched::Present {
+                            stamp: object.stamp,
+                            content: (mode == FetchMode::Full).then_some(object.content),
+                        },
+                    }
                 } else {
-                    service
+                    let reply = service
                         .inner
                         .node
                         .request(peer, FETCH, request, attempt_deadline)
-                        .await?
-                };
-                let answer = decode_fetched(mode, &reply, max)?;
-                let fetched = answer.answer.map_err(|reason| {
-                    service.count_refused_answer(reason);
-                    ReplicaError::Refused(reason)
-                })?;
-                let version = stamp_of(&fetched).map(|stamp| stamp.version);
-                service.accept_answer(peer, answer.clock, version)?;
-                Ok(match fetched {
-                    Fetched::Absent => Fetched::Absent,
-                    Fetched::Present { stamp, content } => {
-                        let content = content.map(|range| reply.slice(range));
-                        if let Some(content) = &content {
-                            modes.content_received(StoredObject {
-                                stamp,
-                                content: content.clone(),
-                            });
-                        }
-                        Fetched::Present { stamp, content }
+                        .await?;
+                    let answer = decode_fetched(mode, &reply, max)?;
+                    let fetched = answer.answer.map_err(|reason| {
+                        service.count_refused_answer(reason);
+                        ReplicaError::Refused(reason)
+                    })?;
+                    let version = stamp_of(&fetched).map(|stamp| stamp.version);
+                    service.accept_answer(peer, answer.clock, version)?;
+                    match fetched {
+                        Fetched::Absent => Fetched::Absent,
+                        Fetched::Present { stamp, content } => Fetched::Present {
+                            stamp,
+                            content: content.map(|range| reply.slice(range)),
+                        },
                     }
-                })
+                };
+                if let Fetched::Present {
+                    stamp,
+                    content: Some(content),
+                } = &fetched
+                {
+                    modes.content_received(StoredObject {
+                        stamp: *stamp,
+                        content: content.clone(),
+                    });
+                }
+                Ok(fetched)
             }
         };
         let (copies, outcome) = drive(&self.inner.scores, plan, ask, Leftover::FollowUp).await;
