@@ -1,4 +1,5 @@
-//! Read at quorum: ask replicas for metadata, merge, fetch the winner's content, repair the stale.
+//! Read at quorum: ask replicas for version and hash (one in every quorum for the content too),
+//! merge, take the winner's content, repair the stale.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
