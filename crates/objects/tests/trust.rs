@@ -1,5 +1,6 @@
 //! Objects you can trust, on loopback daemons: only members place, store and serve; a clock from
-//! the future cannot freeze a key; acks, 201 and 503 say what happened.
+//! the future cannot freeze a key; acks, 201 and 503 say what happened; a quorum read moves the
+//! content once and only the winner's.
 #![cfg(feature = "net")]
 
 use std::net::SocketAddr;
@@ -11,7 +12,10 @@ use meshwire::protocols::{OBJECT_FETCH as FETCH, OBJECT_STORE as STORE};
 use meshwire::PeerId;
 use meshwire_objects::net::{Daemon, ObjectConfig, ObjectServiceError, PhysicalClock, SystemClock};
 use meshwire_objects::proto::clock;
-use meshwire_objects::proto::object::{self, content_hash, Answer, FetchMode, Refusal, Stamp};
+use meshwire_objects::proto::object::{
+    self, content_hash, Answer, FetchMode, Fetched, Refusal, Stamp,
+};
+use meshwire_objects::proto::quorum::QuorumConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod support;
@@ -443,4 +447,114 @@ async fn a_write_that_lost_to_a_newer_one_on_the_replicas_is_superseded_not_unkn
     // Reads through the coordinator return the newer copy.
     let read = coordinator.service().get("h").await.unwrap();
     assert_eq!(read.object.content, "newer");
+}
+
+/// Four members: a reader and three replicas it reads from (the reader holds no copy).
+async fn reader_and_replicas() -> [Daemon; 4] {
+    let nodes = [
+        start(None).await,
+        start(None).await,
+        start(None).await,
+        start(None).await,
+    ];
+    let all = [&nodes[0], &nodes[1], &nodes[2], &nodes[3]];
+    let members = ids(&all);
+    for daemon in all {
+        daemon.service().set_members(members.iter().copied());
+    }
+    mesh(&all).await;
+    nodes
+}
+
+/// Stores `content` at `version` on `replica`, sent by `from`, and checks it was taken.
+async fn stored(from: &Daemon, replica: &Daemon, key: &str, version: u64, content: &[u8]) {
+    let now = clock::timestamp(SystemClock.now_ms(), 0);
+    let answer = raw_store(from, replica, now, key, version, content).await;
+    assert!(answer.answer.is_ok(), "{:?}", answer.answer);
+}
+
+fn carried(copies: &[(PeerId, Fetched<Bytes>)]) -> usize {
+    copies
+        .iter()
+        .filter(|(_, fetched)| {
+            matches!(
+                fetched,
+                Fetched::Present {
+                    content: Some(_),
+                    ..
+                }
+            )
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn a_quorum_read_moves_the_content_once_not_once_per_replica() {
+    let nodes = reader_and_replicas().await;
+    let [reader, replicas @ ..] = &nodes;
+    let content = vec![7u8; 4096];
+    let version = clock::timestamp(SystemClock.now_ms(), 1);
+    for replica in replicas {
+        stored(reader, replica, "wallet", version, &content).await;
+    }
+    let candidates: Vec<PeerId> = replicas.iter().map(|d| d.node().peer_id()).collect();
+    for _ in 0..20 {
+        let read = reader
+            .service()
+            .read_from(
+                &candidates,
+                "wallet",
+                QuorumConfig::hedged(3, REQUEST_DEADLINE),
+            )
+            .await
+            .unwrap();
+        assert!(read.outcome.reached(3));
+        let object = read.object.expect("every replica holds the key");
+        assert_eq!(object.content, content);
+        assert_eq!(object.stamp.version, version);
+        // One request in every three asks for the content: three replicas asked (four when the
+        // plan explores) carry it once or twice, never three times.
+        let full = carried(&read.copies);
+        assert!(
+            full <= read.outcome.asked.div_ceil(3) && full < read.copies.len(),
+            "{full} of {} answers carried the content",
+            read.copies.len()
+        );
+    }
+    for daemon in nodes {
+        daemon.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_stale_replicas_content_is_never_served_in_place_of_the_winner() {
+    let nodes = reader_and_replicas().await;
+    let [reader, b, c, d] = &nodes;
+    let old = clock::timestamp(SystemClock.now_ms(), 1);
+    let new = clock::timestamp(SystemClock.now_ms(), 2);
+    for replica in [b, c] {
+        stored(reader, replica, "k", new, b"the newer copy").await;
+    }
+    stored(reader, d, "k", old, b"the older copy").await;
+    let candidates = ids(&[b, c, d]);
+    // The replica asked for the content is drawn at random: over many reads the stale one is.
+    let stale = d.node().peer_id();
+    for _ in 0..30 {
+        let read = reader
+            .service()
+            .read_from(&candidates, "k", QuorumConfig::hedged(3, REQUEST_DEADLINE))
+            .await
+            .unwrap();
+        let object = read.object.expect("the quorum holds the key");
+        assert_eq!(object.stamp.version, new);
+        assert_eq!(&object.content[..], b"the newer copy");
+        let seen = read.copies.iter().find(|(peer, _)| *peer == stale);
+        assert!(
+            matches!(seen, Some((_, Fetched::Present { stamp, .. })) if stamp.version == old),
+            "the quorum of three includes the stale copy"
+        );
+    }
+    for daemon in nodes {
+        daemon.shutdown().await.unwrap();
+    }
 }
