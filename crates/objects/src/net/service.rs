@@ -70,6 +70,7 @@ mod cas;
 mod drive;
 mod entropy;
 mod metrics;
+mod modes;
 mod read;
 mod serve;
 mod store_calls;
@@ -80,6 +81,7 @@ pub use drive::ReplicaError;
 use drive::{drive, now, Leftover};
 pub use entropy::{RoundReport, IN_FLIGHT, MAX_TRANSFER_BYTES, PULL_BATCH};
 use metrics::{DirectionLabel, ObjectMetrics, OutcomeLabel, ReasonLabel};
+use modes::Modes;
 use store_calls::blocking;
 
 /// Settings of the object service.
@@ -723,7 +725,7 @@ impl ObjectService {
     }
 
     /// [`Self::fetch_from`] with each request's mode chosen by `modes`.
-    pub(super) async fn fetch_in(
+    async fn fetch_in(
         &self,
         candidates: &[PeerId],
         key: &str,
@@ -804,116 +806,6 @@ impl ObjectService {
     }
 }
 
-/// Requests made closer together than this are made at once (one pass of the plan), not one as
-/// a hedge for the other.
-const HEDGE_GAP: Duration = Duration::from_millis(1);
-
-/// Which mode each request of one quorum fetch asks in.
-#[derive(Debug)]
-pub(super) enum Modes {
-    /// Every request in this mode.
-    All(FetchMode),
-    /// The content from one replica, version and hash from the others (a read, see
-    /// `service/read.rs`).
-    OneFull(Mutex<OneFull>),
-}
-
-/// The state of [`Modes::OneFull`].
-#[derive(Debug)]
-pub(super) struct OneFull {
-    /// Requests made so far.
-    asked: usize,
-    /// The first request that asks for the content (`usize::MAX`: none, this node answers it
-    /// from its own store).
-    full_at: usize,
-    /// One request in this many asks for the content.
-    quorum: usize,
-    /// The first answer with the content, published also after the plan ended (a request it left
-    /// in flight may still bring it).
-    content: tokio::sync::watch::Sender<Option<StoredObject>>,
-    /// When the content was last asked for.
-    full_sent: Option<std::time::Instant>,
-}
-
-impl Modes {
-    /// The content from one replica in every `quorum` requests, starting with the one at
-    /// `full_at` (drawn at random below `quorum` by the caller, so that no one replica carries
-    /// every read's content): a plan that asks more replicas than its quorum (at first, while it
-    /// cannot tell which are slow) expects some not to answer in time, and the content should
-    /// not wait on one of those. None when this node is a candidate (it answers in full from its
-    /// store). A later request (a hedge for a late one) also asks for the content while none has
-    /// arrived.
-    pub(super) fn one_full(full_at: usize, quorum: usize) -> Self {
-        Self::OneFull(Mutex::new(OneFull {
-            asked: 0,
-            full_at,
-            quorum: quorum.max(1),
-            content: tokio::sync::watch::Sender::new(None),
-            full_sent: None,
-        }))
-    }
-
-    /// The mode of the next request, to this node itself if `local`.
-    fn next(&self, local: bool) -> FetchMode {
-        match self {
-            Self::All(mode) => *mode,
-            Self::OneFull(_) if local => FetchMode::Full,
-            Self::OneFull(state) => {
-                let mut state = lock(state);
-                let index = state.asked;
-                state.asked += 1;
-                let at = now();
-                let in_turn = index >= state.full_at && (index - state.full_at) % state.quorum == 0;
-                // A request made in the same instant as the last one for the content is not a
-                // hedge for it.
-                let hedge = state.full_at != usize::MAX
-                    && state.content.borrow().is_none()
-                    && state
-                        .full_sent
-                        .is_some_and(|sent| at.saturating_duration_since(sent) >= HEDGE_GAP);
-                if in_turn || hedge {
-                    state.full_sent = Some(at);
-                    FetchMode::Full
-                } else {
-                    FetchMode::Metadata
-                }
-            }
-        }
-    }
-
-    fn content_received(&self, object: StoredObject) {
-        if let Self::OneFull(state) = self {
-            // The newest copy is kept: a stale replica's content never hides the winner's.
-            lock(state).content.send_if_modified(|held| {
-                let newer = held
-                    .as_ref()
-                    .is_none_or(|held| crate::proto::entropy::wins(&object.stamp, &held.stamp));
-                if newer {
-                    *held = Some(object);
-                }
-                newer
-            });
-        }
-    }
-
-    /// Waits for an answer carrying `winner`'s content, from a request made in these modes, for
-    /// as long as the plan's requests are followed up; never returns if none brings it.
-    pub(super) async fn content_of(&self, winner: Stamp) -> StoredObject {
-        if let Self::OneFull(state) = self {
-            let mut arrivals = lock(state).content.subscribe();
-            let found = arrivals
-                .wait_for(|held| held.as_ref().is_some_and(|o| o.stamp == winner))
-                .await
-                .ok()
-                .and_then(|held| held.clone());
-            if let Some(object) = found {
-                return object;
-            }
-        }
-        std::future::pending().await
-    }
-}
-
 /// The stamp of a fetched copy, if there is one.
 fn stamp_of<B>(fetched: &Fetched<B>) -> Option<Stamp> {
     match fetched {
@@ -934,82 +826,4 @@ fn upgrade(weak: &std::sync::Weak<Inner>) -> Result<ObjectService, HandlerError>
     weak.upgrade()
         .map(|inner| ObjectService { inner })
         .ok_or(HandlerError::Stopped)
-}
-
-#[cfg(test)]
-mod modes_tests {
-    use super::*;
-
-    fn copy(version: u64, content: &'static [u8]) -> StoredObject {
-        StoredObject {
-            stamp: Stamp {
-                version,
-                hash: object::content_hash(content),
-            },
-            content: Bytes::from_static(content),
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn one_request_in_every_quorum_asks_for_the_content_and_a_later_hedge_too() {
-        let modes = Modes::one_full(1, 3);
-        // The plan's first pass: seven requests at one instant.
-        let first: Vec<FetchMode> = (0..7).map(|_| modes.next(false)).collect();
-        use FetchMode::{Full, Metadata};
-        assert_eq!(
-            first,
-            [Metadata, Full, Metadata, Metadata, Full, Metadata, Metadata]
-        );
-        // This node answers itself in full, whatever its turn.
-        assert_eq!(modes.next(true), Full);
-        // A request made later is a hedge for a late one: it asks for the content while none
-        // has arrived...
-        tokio::time::advance(Duration::from_millis(300)).await;
-        assert_eq!(modes.next(false), Full);
-        // ...but not once it has.
-        modes.content_received(copy(1, b"v1"));
-        tokio::time::advance(Duration::from_millis(300)).await;
-        assert_eq!(modes.next(false), Metadata);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_node_that_is_a_candidate_asks_no_one_else_for_the_content() {
-        let modes = Modes::one_full(usize::MAX, 2);
-        assert_eq!(modes.next(true), FetchMode::Full);
-        for _ in 0..4 {
-            assert_eq!(modes.next(false), FetchMode::Metadata);
-        }
-        tokio::time::advance(Duration::from_millis(300)).await;
-        assert_eq!(modes.next(false), FetchMode::Metadata);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_newest_content_is_kept_and_waited_for() {
-        let modes = Modes::one_full(0, 2);
-        let new = copy(2, b"new");
-        modes.content_received(new.clone());
-        modes.content_received(copy(1, b"old"));
-        let found = tokio::time::timeout(Duration::from_secs(1), modes.content_of(new.stamp))
-            .await
-            .expect("the held copy is the winner");
-        assert_eq!(found.content, new.content);
-        // No answer carries a copy that never arrived: the wait does not end.
-        let missing = Stamp {
-            version: 3,
-            hash: object::content_hash(b"newest"),
-        };
-        assert!(
-            tokio::time::timeout(Duration::from_secs(1), modes.content_of(missing))
-                .await
-                .is_err()
-        );
-        // Every request of a fetch in one mode leaves nothing to wait for.
-        let all = Modes::All(FetchMode::Full);
-        assert_eq!(all.next(false), FetchMode::Full);
-        assert!(
-            tokio::time::timeout(Duration::from_secs(1), all.content_of(new.stamp))
-                .await
-                .is_err()
-        );
-    }
 }
