@@ -103,7 +103,7 @@ impl Modes {
 
     /// Waits for an answer carrying `winner`'s content, from a request made in these modes, for
     /// as long as the plan's requests are followed up; never returns if none brings it.
-    pub(super) async fn content_of(&self, winner: Stamp) -> StoredObject {
+    pub(super) async fn carried(&self, winner: Stamp) -> StoredObject {
         if let Self::OneFull(state) = self {
             let mut arrivals = lock(state).content.subscribe();
             let found = arrivals
@@ -174,7 +174,7 @@ mod tests {
         let new = copy(2, b"new");
         modes.content_received(new.clone());
         modes.content_received(copy(1, b"old"));
-        let found = tokio::time::timeout(Duration::from_secs(1), modes.content_of(new.stamp))
+        let found = tokio::time::timeout(Duration::from_secs(1), modes.carried(new.stamp))
             .await
             .expect("the held copy is the winner");
         assert_eq!(found.content, new.content);
@@ -184,7 +184,7 @@ mod tests {
             hash: object::content_hash(b"newest"),
         };
         assert!(
-            tokio::time::timeout(Duration::from_secs(1), modes.content_of(missing))
+            tokio::time::timeout(Duration::from_secs(1), modes.carried(missing))
                 .await
                 .is_err()
         );
@@ -192,7 +192,7 @@ mod tests {
         let all = Modes::All(FetchMode::Full);
         assert_eq!(all.next(false), FetchMode::Full);
         assert!(
-            tokio::time::timeout(Duration::from_secs(1), all.content_of(new.stamp))
+            tokio::time::timeout(Duration::from_secs(1), all.carried(new.stamp))
                 .await
                 .is_err()
         );

@@ -162,7 +162,7 @@ impl ObjectService {
                 // A request for the content the plan left in flight may still answer first.
                 let requests = AtomicUsize::new(0);
                 let object = tokio::select! {
-                    object = modes.content_of(winner) => object,
+                    object = modes.carried(winner) => object,
                     fetched = self.content_of(key, winner, &read.copies, &requests) => fetched?,
                 };
                 read.content_requests = requests.into_inner();
