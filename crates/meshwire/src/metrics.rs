@@ -10,7 +10,7 @@
 //! 0.0.4 ([`Metrics::encode_prometheus_text`]); the HTTP API picks one by the `Accept` header.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -80,7 +80,7 @@ pub struct Metrics {
     /// hashing it into four families each time (label formatting and hashing took about 2% of
     /// the samples in a profile of a 3-node quorum read). Holds exactly the peers whose series
     /// exist; [`Metrics::forget_peer`] removes both.
-    peer_handles: Mutex<HashMap<PeerId, PeerHandles>>,
+    peer_handles: RwLock<HashMap<PeerId, PeerHandles>>,
 }
 
 /// One peer's handles, cached by [`Metrics`].
@@ -118,7 +118,7 @@ impl Metrics {
             peer_bytes_sent: Family::default(),
             peer_bytes_received: Family::default(),
             peer_dropped: Family::default(),
-            peer_handles: Mutex::new(HashMap::new()),
+            peer_handles: RwLock::new(HashMap::new()),
         };
         registry.register_with_unit(
             "sent",
@@ -248,7 +248,7 @@ impl Metrics {
 
     /// Removes `peer`'s series (RTT, bytes, drops), once the node has forgotten the peer.
     pub(crate) fn forget_peer(&self, peer: &PeerId) {
-        let mut handles = self.peer_handles.lock().unwrap_or_else(|e| e.into_inner());
+        let mut handles = self.peer_handles.write().unwrap_or_else(|e| e.into_inner());
         handles.remove(peer);
         let label = PeerLabel { peer: peer.short() };
         self.peer_rtt_seconds.remove(&label);
@@ -259,9 +259,18 @@ impl Metrics {
 
     /// `peer`'s handles, created (with its series) on first use.
     fn peer_handles(&self, peer: &PeerId) -> PeerHandles {
+        // Every message of every peer looks here: a shared lock, exclusive only to create.
+        if let Some(found) = self
+            .peer_handles
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(peer)
+        {
+            return found.clone();
+        }
         // Held while the series are created, so a concurrent `forget_peer` cannot remove them
         // between their creation and their caching.
-        let mut handles = self.peer_handles.lock().unwrap_or_else(|e| e.into_inner());
+        let mut handles = self.peer_handles.write().unwrap_or_else(|e| e.into_inner());
         if let Some(found) = handles.get(peer) {
             return found.clone();
         }
