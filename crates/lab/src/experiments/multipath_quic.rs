@@ -467,34 +467,40 @@ fn delivered_by(path: &PathFloor, budget: Option<&RelayBudget>, t: f64) -> f64 {
     }
 }
 
+/// The rate `path` sustains once a relay's bucket (`budget`, if it passes one) has spent its burst.
+fn sustained_rate(path: &PathFloor, budget: Option<&RelayBudget>) -> f64 {
+    budget.map_or(path.bytes_per_s, |budget| {
+        path.bytes_per_s.min(budget.payload_bytes_per_s)
+    })
+}
+
 /// The latency-aware ideal ([`ideal_transfer_s`]) when some paths pass a relay's token bucket
-/// (`budgets[i]` for `paths[i]`): the smallest `T` with Σ delivered by `T` ≥ `bytes`. Without a
-/// bucket it is [`ideal_transfer_s`]; with one it lies between that (buckets ignored) and the
-/// same ideal over paths slowed to their bucket's rate (bursts ignored), and is found by
-/// bisection between the two.
+/// (`budgets[i]` for `paths[i]`, one per path): the smallest `T` with Σ delivered by `T` ≥
+/// `bytes`. Without a bucket it is [`ideal_transfer_s`]; with one it lies between that (buckets
+/// ignored) and the same ideal over paths slowed to their bucket's rate (bursts ignored), and is
+/// found by bisection between the two.
 pub fn ideal_transfer_through_relays(
     paths: &[PathFloor],
     budgets: &[Option<RelayBudget>],
     bytes: f64,
 ) -> f64 {
+    assert_eq!(paths.len(), budgets.len(), "one budget (or none) per path");
     let unlimited = ideal_transfer_s(paths, bytes);
     if budgets.iter().all(Option::is_none) || !unlimited.is_finite() {
         return unlimited;
     }
     let slowed: Vec<PathFloor> = paths
         .iter()
-        .zip(budgets.iter().chain(std::iter::repeat(&None)))
+        .zip(budgets)
         .map(|(path, budget)| PathFloor {
-            bytes_per_s: budget.map_or(path.bytes_per_s, |budget| {
-                path.bytes_per_s.min(budget.payload_bytes_per_s)
-            }),
+            bytes_per_s: sustained_rate(path, budget.as_ref()),
             ..*path
         })
         .collect();
     let delivered = |t: f64| -> f64 {
         paths
             .iter()
-            .zip(budgets.iter().chain(std::iter::repeat(&None)))
+            .zip(budgets)
             .map(|(path, budget)| delivered_by(path, budget.as_ref(), t))
             .sum()
     };
@@ -568,11 +574,7 @@ pub fn run(
     let ideal: f64 = floors
         .iter()
         .zip(&budgets)
-        .map(|(path, budget)| {
-            budget.map_or(path.bytes_per_s, |budget| {
-                path.bytes_per_s.min(budget.payload_bytes_per_s)
-            })
-        })
+        .map(|(path, budget)| sustained_rate(path, budget.as_ref()))
         .sum::<f64>()
         / f64::from(1 << 20);
     let goodput = if outcome.complete && outcome.transfer_s > 0.0 {
