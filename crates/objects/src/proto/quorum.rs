@@ -30,11 +30,12 @@
 //!   answer came back piled onto the same best-ranked peers: in the quorum sweep a cold
 //!   connection's congestion window then held their answers for hundreds of milliseconds.
 //!   Lateness is counted once per episode: a request sent before its peer's last lateness was
-//!   noticed waited behind that late request, so its own lateness is no news and its sample is
-//!   left out (TCP reacts once to the losses of one window). A slow peer still sinks at its first
-//!   late request; a peer whose answers queued for a moment is not marked late by every request
-//!   in the queue, which had kept healthy peers near the client ranked below strangers for the
-//!   rest of the run.
+//!   noticed waited behind that late request, so its own lateness is no news and is not counted
+//!   (TCP reacts once to the losses of one window); its latency, if it is answered, still goes
+//!   into the estimate (a steadily slow peer is otherwise never measured). A slow peer still
+//!   sinks at its first late request; a peer whose answers queued for a moment is not marked
+//!   late by every request in the queue, which had kept healthy peers near the client ranked
+//!   below strangers for the rest of the run.
 //!   Exploration: with probability `explore_probability` a plan also asks one random peer from
 //!   outside the first choices, so a peer that recovered is measured again without delaying the read.
 //! - [`QuorumPlan`] runs one request. The driver polls [`QuorumPlan::poll_ask`] for peers to ask,
