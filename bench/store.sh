@@ -4,10 +4,11 @@
 #  1. `objects` PUTs of 8 MiB (default 128, 1.07 GB of content) with distinct random content,
 #     one at a time; RSS after 100 of them and the peak (VmHWM). Target (issue 19): RSS within
 #     the store's budget + 100 MB.
-#  2. The first half of the keys rewritten with new content; the store file's length and the
-#     disk blocks it occupies over the content it holds; then SIGTERM (a graceful stop compacts
-#     a store occupying over 1.2x its content + 32 MiB of disk), the stop's duration, length and
-#     blocks again, and a restart. Target (after compaction): at most 1.3x.
+#  2. The first half of the keys rewritten with new content; the store's length (its redb file and
+#     content files) and the disk blocks it occupies over the content it holds; then SIGTERM (a
+#     graceful stop compacts a redb file occupying over 1.2x the content it holds + 32 MiB of
+#     disk), the stop's duration, length and blocks again, and a restart. Target (after
+#     compaction): at most 1.3x.
 #  3. SIGKILL while a PUT is in flight, restart, and the time from the restart until `/status`
 #     answers; then every key read back and checked against the content last acknowledged.
 #     Target: at most 2 s.
@@ -42,14 +43,21 @@ wait_up() {
   cat "$work/node.log" >&2
   return 1
 }
-# The store file's length and allocated blocks over $content, prefixed by $1 if given.
+# The store's disk use over $content: the redb file and the content files beside it (objects of
+# 64 KiB or more), by length and by allocated blocks; prefixed by $1 if given.
 file_sizes() {
-  python3 - "${1:-}" "$content" "$(stat -c %s "$file")" "$(($(stat -c '%b * %B' "$file")))" <<'PY'
-import sys
+  python3 - "${1:-}" "$content" "$file" "${file%.redb}.content" <<'PY'
+import os, sys
 label = sys.argv[1] + " " if sys.argv[1] else ""
-content, length, blocks = map(int, sys.argv[2:])
-print(f"{label}content_mb {content / 1e6:.0f}  file_length_mb {length / 1e6:.0f} ({length / content:.3f}x)"
-      f"  file_blocks_mb {blocks / 1e6:.0f} ({blocks / content:.3f}x)  (target <= 1.3x)")
+content = int(sys.argv[2])
+paths = [sys.argv[3]] + [e.path for e in os.scandir(sys.argv[4])] if os.path.isdir(sys.argv[4]) else [sys.argv[3]]
+stats = [os.stat(p) for p in paths]
+length = sum(s.st_size for s in stats)
+blocks = sum(s.st_blocks * 512 for s in stats)
+redb = stats[0]
+print(f"{label}content_mb {content / 1e6:.0f}  store_length_mb {length / 1e6:.0f} ({length / content:.3f}x)"
+      f"  store_blocks_mb {blocks / 1e6:.0f} ({blocks / content:.3f}x)  (target <= 1.3x)"
+      f"  of which redb_file_length_mb {redb.st_size / 1e6:.1f}, {len(paths) - 1} content files")
 PY
 }
 rss_mb() { awk '$1 == "'"$1"':" { printf "%.0f", $2 / 1024 }' "/proc/$pid/status"; }

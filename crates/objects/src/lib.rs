@@ -109,7 +109,8 @@
 //!   from a scan of the store's record headers per exchange, not from persisted state:
 //!   `bench/anti-entropy.sh` reports the scan time.
 //! - Store: redb file `objects.redb` in the data directory: a header per object and its content in
-//!   pieces that fill redb's power-of-two page runs (see [`net::store`]). Each write is one durable
+//!   pieces that fill redb's power-of-two page runs, or, from 64 KiB, in a file of its own in
+//!   `objects.content/` (see [`net::store`]). Each write is one durable
 //!   transaction (a crash leaves the old or the new object, never a torn one); reads verify the
 //!   SHA-256 and report a damaged object as corrupt. One memory budget (`store_memory_bytes`,
 //!   128 MiB) holds redb's page cache and a cache of hot objects (half each; objects up to a

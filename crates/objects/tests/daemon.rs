@@ -282,22 +282,26 @@ async fn a_graceful_shutdown_compacts_a_store_whose_content_shrank() {
             .into()
     };
     let store = daemon.service().store();
-    for key in 0..40 {
-        let content = piece(key, 1 << 20);
-        let stamp = Stamp {
-            version: 1,
-            hash: content_hash(&content),
-        };
-        store.put(&format!("k{key}"), stamp, content).unwrap();
-    }
-    for key in 0..40 {
-        let content = piece(key + 100, 16 << 10);
-        let stamp = Stamp {
-            version: 2,
-            hash: content_hash(&content),
-        };
-        store.put(&format!("k{key}"), stamp, content).unwrap();
-    }
+    // Objects under the content-file threshold, so their content is in redb's file: 820 of
+    // 50 KiB (41 MiB), then each replaced by 800 bytes. Batches keep the commits few.
+    let objects = 820;
+    let write = |version: u64, len: usize| {
+        let copies: Vec<(String, Stamp, Bytes)> = (0..objects)
+            .map(|key| {
+                let content = piece(key + 100 * version as u32, len);
+                let stamp = Stamp {
+                    version,
+                    hash: content_hash(&content),
+                };
+                (format!("k{key}"), stamp, content)
+            })
+            .collect();
+        for batch in copies.chunks(40) {
+            store.put_batch(batch).unwrap();
+        }
+    };
+    write(1, 50 << 10);
+    write(2, 800);
     let file = dir.path().join("objects.redb");
     let disk = |path: &Path| {
         use std::os::unix::fs::MetadataExt;
@@ -312,15 +316,15 @@ async fn a_graceful_shutdown_compacts_a_store_whose_content_shrank() {
     let after = disk(&file);
     assert!(
         after < 8 << 20,
-        "640 KiB of content left: {after} bytes on disk"
+        "656 KB of content left: {after} bytes on disk"
     );
     // Everything written last is there after a restart.
     let restarted = start(ObjectConfig::default(), Some(dir.path()))
         .await
         .unwrap();
-    for key in 0..40 {
+    for key in 0..objects {
         let object = restarted.service().store().get(&format!("k{key}")).unwrap();
-        assert_eq!(object.unwrap().content, piece(key + 100, 16 << 10));
+        assert_eq!(object.unwrap().content, piece(key + 200, 800));
     }
     restarted.shutdown().await.unwrap();
 }

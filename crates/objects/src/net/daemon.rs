@@ -8,7 +8,8 @@
 //! - [`DaemonBuilder::bind`] loads the identity from the data directory (or generates one when
 //!   there is none), binds a node and starts the rest on it; [`DaemonBuilder::start`] adopts a
 //!   node that is already running (the lab's nodes sit on emulated sockets).
-//! - The store is `objects.redb` in the data directory, or in memory without one.
+//! - The store is `objects.redb` in the data directory, with the content files of large objects
+//!   in `objects.content/` beside it, or in memory without one.
 //! - The HTTP API is served only when [`DaemonBuilder::http`] gave it an address, under
 //!   [`HttpLimits`] ([`DaemonBuilder::http_limits`]) and the token policy of [`HttpAuth`]
 //!   ([`DaemonBuilder::http_auth`]); the token lives in `http-token` in the data directory (in

@@ -3,8 +3,9 @@
 //! # Design
 //!
 //! Two redb tables: `objects.v2` maps a key to its header `[version u64 LE][SHA-256 32][length u64
-//! LE][chunks u32 LE]`, and `chunks.v2` maps `(key, index)` to the content's pieces; a third holds
-//! the total content bytes. A write reads the current header and replaces the object only if the
+//! LE][chunks u32 LE]` (followed by `[file id u64 LE]` when the content is in a content file, see
+//! below), and `chunks.v2` maps `(key, index)` to the content's pieces; `totals` holds the content
+//! bytes (all, and those in files) and `files` the ids of the content files headers name. A write reads the current header and replaces the object only if the
 //! new copy wins (higher version; at equal versions, the smaller hash, the same rule [`merge`] ends
 //! with), inside one write transaction that commits durably: a crash mid-write leaves the old
 //! object or the new one, never a torn one (redb's commit is atomic). Every read recomputes the
@@ -19,6 +20,23 @@
 //! for redb's leaf header and the key; see [`chunk_sizes`]); freed runs fit the next object's
 //! pieces. A store written in the old layout (table `objects`) is converted on open.
 //!
+//! **Why content files.** Pieces fixed the runs but not the file: redb grows its file by doubling
+//! and gives space back only when at least half of its last region is free, so after compaction
+//! the file's length stayed at 1.50× its content in `bench/store.sh` (8 MiB objects). In a store
+//! on disk, content of [`FILE_MIN_BYTES`] (64 KiB) or more therefore goes to a file of its own in
+//! a directory beside the redb file (`objects.content/`, named by a 64-bit id), and redb keeps its
+//! header, which names the file (the key-value separation of WiscKey, and of iroh-blobs' store).
+//! The file is written and flushed before the commit that names it, and the directory is flushed
+//! before that commit, so the commit stays the one atomic point: a crash leaves the old object or
+//! the new one. A `files` table lists the files committed headers name; opening the store removes
+//! every other content file (a write cut short by a crash before its commit, or a replaced
+//! object's file whose removal was cut short). A write that could not win (a stale copy, a failed
+//! precondition, judged from the committed header) writes no file; one that loses to a write
+//! committed meanwhile has its file removed. A reader whose object was replaced between reading
+//! the header and opening the file reads the new header. Smaller content stays in pieces: one
+//! file per small object would cost a file and a flush each. A store in memory keeps everything
+//! in pieces.
+//!
 //! **Memory.** The store's memory budget ([`DEFAULT_MEMORY_BYTES`] unless configured) is split in
 //! two halves: redb's page cache (which would otherwise default to 1 GiB) and a cache of hot
 //! objects as shared buffers, so many readers of one large object share one copy (the 250-reader
@@ -31,11 +49,12 @@
 //!
 //! **Compaction.** redb reuses freed pages but never returns space on its own, so a store whose
 //! content shrank keeps its high-water mark on disk. [`Store::compact`] runs redb's compaction
-//! when the file occupies more than 1.2× its content plus 32 MiB; it holds every other store call
-//! meanwhile, so a node compacts only when it stops gracefully (`Daemon::shutdown`, SIGTERM or
-//! ctrl-c), never after a crash and never while serving. redb sizes a growing file by doubling
-//! into sparse space and truncates only when half its last region is free, so the file's length
-//! can stay above its content (1.50× in `bench/store.sh`) while its disk blocks do not (1.02×).
+//! when the redb file occupies more than 1.2× the content it holds (not counting content files)
+//! plus 32 MiB; it holds every other store call meanwhile, so a node compacts only when it stops
+//! gracefully (`Daemon::shutdown`, SIGTERM or ctrl-c), never after a crash and never while
+//! serving. redb sizes a growing file by doubling into sparse space and truncates only when half
+//! its last region is free, so the redb file's length can stay up to twice its content while its
+//! disk blocks do not; content files take exactly their content's length.
 //!
 //! **Group commit.** Concurrent writes ([`Store::put`], [`Store::put_if`]) share one durable
 //! transaction: a writer that finds a commit running queues behind it, and the next commit takes
@@ -58,16 +77,27 @@ use bytes::{Bytes, BytesMut};
 use prometheus_client::metrics::counter::Counter;
 use redb::{ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle};
 
+mod files;
 mod group;
 
 const HEADERS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("objects.v2");
 const CHUNKS: TableDefinition<'_, (&str, u32), &[u8]> = TableDefinition::new("chunks.v2");
 const TOTALS: TableDefinition<'_, &str, u64> = TableDefinition::new("totals");
+/// The content files that committed headers refer to (see the module docs).
+const FILES: TableDefinition<'_, u64, ()> = TableDefinition::new("files");
 /// The one-record-per-object layout of earlier versions: `[version][hash][content]`.
 const LEGACY: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("objects");
 const LEGACY_HEADER: usize = 8 + 32;
 const CONTENT_BYTES: &str = "content_bytes";
+/// The part of `content_bytes` held in content files.
+const FILE_BYTES: &str = "file_bytes";
 const HEADER_LEN: usize = 8 + 32 + 8 + 4;
+/// A header whose content is in a file: the inline header (0 pieces), then the file's id.
+const FILE_HEADER_LEN: usize = HEADER_LEN + 8;
+/// Content of at least this many bytes goes to a file of its own in a store on disk.
+pub const FILE_MIN_BYTES: usize = 64 << 10;
+/// Reads that find their content file replaced under them retry this many times.
+const FILE_READ_ATTEMPTS: usize = 4;
 /// redb's page size (its default, which the store does not change).
 const PAGE: usize = 4096;
 /// The largest piece fills a run of this many pages.
@@ -136,6 +166,15 @@ pub enum StoreError {
     /// Reading the store file's length failed.
     #[error("cannot read the object store file's size: {0}")]
     FileSize(#[source] std::io::Error),
+    /// Creating, flushing or reading a content file (or their directory) failed.
+    #[error("object store content file {path:?}: {source}")]
+    File {
+        /// The file or directory.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
     /// A stored object is damaged: its hash or length does not match, or a piece is missing.
     #[error("object {key:?} is corrupt: {reason}")]
     Corrupt {
@@ -174,6 +213,8 @@ pub struct StoreSize {
     pub objects: u64,
     /// Content bytes.
     pub content_bytes: u64,
+    /// The part of `content_bytes` kept in content files (see the module docs).
+    pub file_bytes: u64,
 }
 
 #[derive(Debug)]
@@ -226,6 +267,8 @@ pub struct Store {
     path: Option<PathBuf>,
     cache: Mutex<Cache>,
     group: group::Group,
+    /// Content files (on disk only).
+    files: Option<files::Files>,
     counts: CommitCounts,
     /// Whether commits save the allocator state for a fast reopen after a crash (on disk only).
     quick_repair: bool,
@@ -255,7 +298,7 @@ pub const COMPACT_SLACK_BYTES: u64 = 32 << 20;
 /// What [`Store::compact`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Compaction {
-    /// Content bytes held.
+    /// Content bytes held in the redb file (content files are not compacted).
     pub content_bytes: u64,
     /// Disk space the file occupied before (allocated blocks on Unix, length elsewhere).
     pub before_bytes: u64,
@@ -277,17 +320,53 @@ type Totals<'txn> = redb::Table<'txn, &'static str, u64>;
 struct Header {
     stamp: Stamp,
     len: u64,
-    chunks: u32,
+    place: Place,
+}
+
+/// Where an object's content is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// In this many pieces in the `chunks` table.
+    Pieces(u32),
+    /// In the content file with this id.
+    File(u64),
+}
+
+impl Header {
+    fn pieces(&self) -> u32 {
+        match self.place {
+            Place::Pieces(pieces) => pieces,
+            Place::File(_) => 0,
+        }
+    }
+
+    fn file(&self) -> Option<u64> {
+        match self.place {
+            Place::Pieces(_) => None,
+            Place::File(id) => Some(id),
+        }
+    }
 }
 
 impl Store {
-    /// Opens (or creates) the store file at `path`, within `memory_bytes` of caches (see the
-    /// module docs). A store in the old one-record-per-object layout is converted first.
+    /// Opens (or creates) the store file at `path` and its directory of content files (`path`
+    /// with the extension `content`), within `memory_bytes` of caches (see the module docs). A
+    /// store in the old one-record-per-object layout is converted first, and content files no
+    /// committed object refers to are removed.
     pub fn open(path: &Path, memory_bytes: usize) -> Result<Self, StoreError> {
+        Self::open_with(path, memory_bytes, FILE_MIN_BYTES)
+    }
+
+    /// [`Store::open`], with content of `file_min_bytes` or more in content files.
+    fn open_with(
+        path: &Path,
+        memory_bytes: usize,
+        file_min_bytes: usize,
+    ) -> Result<Self, StoreError> {
         let db = redb::Database::builder()
             .set_cache_size(memory_bytes / 2)
             .create(path)?;
-        Self::init(db, memory_bytes, Some(path.to_path_buf()))
+        Self::init(db, memory_bytes, Some((path.to_path_buf(), file_min_bytes)))
     }
 
     /// A store in memory (tests and the lab).
@@ -301,16 +380,32 @@ impl Store {
     fn init(
         db: redb::Database,
         memory_bytes: usize,
-        path: Option<PathBuf>,
+        disk: Option<(PathBuf, usize)>,
     ) -> Result<Self, StoreError> {
-        let quick_repair = path.is_some();
+        let quick_repair = disk.is_some();
         // Create the tables so readers never see them missing.
         let mut txn = db.begin_write()?;
         txn.set_quick_repair(quick_repair);
         txn.open_table(HEADERS)?;
         txn.open_table(CHUNKS)?;
         txn.open_table(TOTALS)?;
+        txn.open_table(FILES)?;
         txn.commit()?;
+        let files = match &disk {
+            Some((path, min_bytes)) => {
+                let txn = db.begin_read()?;
+                let table = txn.open_table(FILES)?;
+                let last = table.last()?.map(|(id, _)| id.value());
+                Some(files::Files::open(
+                    path.with_extension("content"),
+                    *min_bytes,
+                    last,
+                    |id| Ok(table.get(id)?.is_some()),
+                )?)
+            }
+            None => None,
+        };
+        let path = disk.map(|(path, _)| path);
         let store = Self {
             db: RwLock::new(db),
             path,
@@ -321,6 +416,7 @@ impl Store {
                 order: VecDeque::new(),
             }),
             group: group::Group::default(),
+            files,
             counts: CommitCounts::default(),
             quick_repair,
         };
@@ -378,6 +474,7 @@ impl Store {
                         stamp,
                         &record[LEGACY_HEADER..],
                         None,
+                        None,
                     )?;
                     converted += 1;
                 }
@@ -415,9 +512,9 @@ impl Store {
         self.db.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Compacts the store file if the disk space it occupies (allocated blocks on Unix) exceeds
-    /// its content by more than [`COMPACT_SLACK_RATIO`] and [`COMPACT_SLACK_BYTES`]: redb reuses
-    /// freed pages but never gives space back on its own, so a store whose content shrank (large
+    /// Compacts the redb file if the disk space it occupies (allocated blocks on Unix) exceeds
+    /// the content it holds (content files aside) by more than [`COMPACT_SLACK_RATIO`] and
+    /// [`COMPACT_SLACK_BYTES`]: redb reuses freed pages but never gives space back on its own, so a store whose content shrank (large
     /// objects replaced by small ones) keeps its high-water mark. redb moves live pages down and
     /// truncates the file only when at least half of its last region is then free, so a file
     /// that grew by doubling keeps a sparse tail that occupies no disk. Every other store call waits meanwhile, so the node
@@ -432,7 +529,8 @@ impl Store {
             return Ok(None);
         };
         let file_len = || disk_bytes(path);
-        let content = self.size()?.content_bytes;
+        let size = self.size()?;
+        let content = size.content_bytes - size.file_bytes.min(size.content_bytes);
         let before = file_len()?;
         let worth = content as f64 * ratio + slack as f64;
         if (before as f64) <= worth {
@@ -464,26 +562,52 @@ impl Store {
         if let Some(object) = self.cached(key) {
             return Ok(Some(object));
         }
-        let db = self.db();
-        let txn = db.begin_read()?;
-        let headers = txn.open_table(HEADERS)?;
-        let Some(header) = read_header(&headers, key)? else {
-            return Ok(None);
-        };
-        let chunks = txn.open_table(CHUNKS)?;
         let corrupt = |reason| StoreError::Corrupt {
             key: key.to_string(),
             reason,
         };
-        // A damaged header's length must not size a huge allocation: beyond the bound the
-        // buffer grows with the pieces read.
-        let mut content = BytesMut::with_capacity(saturating_usize(header.len).min(MAX_PREALLOC));
-        for index in 0..header.chunks {
-            let piece = chunks
-                .get((key, index))?
-                .ok_or_else(|| corrupt("a piece of its content is missing"))?;
-            content.extend_from_slice(piece.value());
-        }
+        let mut attempts = 0;
+        let (header, content) = loop {
+            let db = self.db();
+            let txn = db.begin_read()?;
+            let headers = txn.open_table(HEADERS)?;
+            let Some(header) = read_header(&headers, key)? else {
+                return Ok(None);
+            };
+            let content = match header.place {
+                Place::Pieces(pieces) => {
+                    let chunks = txn.open_table(CHUNKS)?;
+                    // A damaged header's length must not size a huge allocation: beyond the
+                    // bound the buffer grows with the pieces read.
+                    let mut content =
+                        BytesMut::with_capacity(saturating_usize(header.len).min(MAX_PREALLOC));
+                    for index in 0..pieces {
+                        let piece = chunks
+                            .get((key, index))?
+                            .ok_or_else(|| corrupt("a piece of its content is missing"))?;
+                        content.extend_from_slice(piece.value());
+                    }
+                    content.freeze()
+                }
+                Place::File(id) => {
+                    let files = self
+                        .files
+                        .as_ref()
+                        .ok_or_else(|| corrupt("its header names a file in a store in memory"))?;
+                    match files.read(id)? {
+                        Some(content) => content,
+                        // A commit replaced the object and removed its file after the header
+                        // was read: read the new header.
+                        None if attempts + 1 < FILE_READ_ATTEMPTS => {
+                            attempts += 1;
+                            continue;
+                        }
+                        None => return Err(corrupt("its content file is missing")),
+                    }
+                }
+            };
+            break (header, content);
+        };
         if content.len() as u64 != header.len {
             return Err(corrupt("content length does not match its header"));
         }
@@ -492,7 +616,7 @@ impl Store {
         }
         let object = StoredObject {
             stamp: header.stamp,
-            content: content.freeze(),
+            content,
         };
         self.cache().insert(key, object.clone());
         Ok(Some(object))
@@ -532,6 +656,22 @@ impl Store {
         content: Bytes,
         precondition: Option<Precondition>,
     ) -> Result<Result<Stamp, Option<Stamp>>, StoreError> {
+        let file = if self.goes_to_file(&content) {
+            // A write that cannot win writes no file (the commit checks again).
+            let current = {
+                let db = self.db();
+                let txn = db.begin_read()?;
+                read_header(&txn.open_table(HEADERS)?, key)?.map(|header| header.stamp)
+            };
+            if precondition.is_some_and(|p| !p.holds(current.as_ref()))
+                || current.is_some_and(|current| !wins(&stamp, &current))
+            {
+                return Ok(Err(current));
+            }
+            self.create_file(&content)?
+        } else {
+            None
+        };
         self.group.write(
             self,
             group::Write {
@@ -539,44 +679,62 @@ impl Store {
                 stamp,
                 content,
                 precondition,
+                file,
             },
         )
+    }
+
+    fn goes_to_file(&self, content: &[u8]) -> bool {
+        self.files
+            .as_ref()
+            .is_some_and(|files| content.len() >= files.min_bytes)
+    }
+
+    /// Writes `content` to a new content file if it goes to one (see the module docs).
+    fn create_file(&self, content: &[u8]) -> Result<Option<u64>, StoreError> {
+        match &self.files {
+            Some(files) if content.len() >= files.min_bytes => files.create(content).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// Removes content file `id`, which no committed header refers to.
+    fn remove_file(&self, id: u64) {
+        if let Some(files) = &self.files {
+            files.remove(id);
+        }
     }
 
     /// Stores each `(key, stamp, content)` that wins over the stored copy, as [`Store::put`]
     /// does, all in one durable transaction (one commit for many copies: anti-entropy's pulls).
     /// Returns the stamp the store holds afterwards for each, in order.
     pub fn put_batch(&self, copies: &[(String, Stamp, Bytes)]) -> Result<Vec<Stamp>, StoreError> {
-        let txn = self.write_txn()?;
-        let mut held = Vec::with_capacity(copies.len());
-        let mut written = 0;
-        {
-            let mut tables = Tables::open(&txn)?;
-            for (key, stamp, content) in copies {
-                held.push(match tables.apply(key, *stamp, content, None)? {
-                    Ok(stamp) => {
-                        written += 1;
-                        stamp
+        let mut writes = Vec::with_capacity(copies.len());
+        for (key, stamp, content) in copies {
+            let file = match self.create_file(content) {
+                Ok(file) => file,
+                Err(error) => {
+                    for id in writes.iter().filter_map(|write: &group::Write| write.file) {
+                        self.remove_file(id);
                     }
-                    Err(current) => current.unwrap_or(*stamp),
-                });
-            }
+                    return Err(error);
+                }
+            };
+            writes.push(group::Write {
+                key: key.clone(),
+                stamp: *stamp,
+                content: content.clone(),
+                precondition: None,
+                file,
+            });
         }
-        txn.commit()?;
-        self.counts.committed(written);
-        let mut cache = self.cache();
-        for ((key, stamp, content), now) in copies.iter().zip(&held) {
-            if now == stamp {
-                cache.insert(
-                    key,
-                    StoredObject {
-                        stamp: *stamp,
-                        content: content.clone(),
-                    },
-                );
-            }
-        }
-        Ok(held)
+        group::commit(self, &writes)
+            .into_iter()
+            .zip(copies)
+            .map(|(outcome, (_, stamp, _))| {
+                Ok(outcome?.unwrap_or_else(|held| held.unwrap_or(*stamp)))
+            })
+            .collect()
     }
 
     /// The counts of durable write transactions (for the metrics registry: clones share them).
@@ -616,13 +774,13 @@ impl Store {
         let db = self.db();
         let txn = db.begin_read()?;
         let objects = txn.open_table(HEADERS)?.len()?;
-        let content_bytes = txn
-            .open_table(TOTALS)?
-            .get(CONTENT_BYTES)?
-            .map_or(0, |v| v.value());
+        let totals = txn.open_table(TOTALS)?;
+        let total =
+            |name| -> Result<u64, StoreError> { Ok(totals.get(name)?.map_or(0, |v| v.value())) };
         Ok(StoreSize {
             objects,
-            content_bytes,
+            content_bytes: total(CONTENT_BYTES)?,
+            file_bytes: total(FILE_BYTES)?,
         })
     }
 }
@@ -646,11 +804,17 @@ fn saturating_usize(len: u64) -> usize {
     usize::try_from(len).unwrap_or(usize::MAX)
 }
 
-/// The tables a write touches, open in one transaction.
+/// The tables a write touches, open in one transaction, and the content files its writes
+/// replaced.
 struct Tables<'txn> {
     headers: Headers<'txn>,
     chunks: Chunks<'txn>,
     totals: Totals<'txn>,
+    files: redb::Table<'txn, u64, ()>,
+    /// Content files of replaced objects: removed once the transaction commits.
+    replaced: Vec<u64>,
+    /// Whether a write refers to a new content file (the directory is flushed before commit).
+    new_files: bool,
 }
 
 impl<'txn> Tables<'txn> {
@@ -659,16 +823,21 @@ impl<'txn> Tables<'txn> {
             headers: txn.open_table(HEADERS)?,
             chunks: txn.open_table(CHUNKS)?,
             totals: txn.open_table(TOTALS)?,
+            files: txn.open_table(FILES)?,
+            replaced: Vec::new(),
+            new_files: false,
         })
     }
 
-    /// Writes `content` under `key` with `stamp` if `precondition` holds and the copy wins over
-    /// the stored one; `Err` holds the stored copy's stamp when it does not.
+    /// Writes `content` (already in content file `file`, if given) under `key` with `stamp` if
+    /// `precondition` holds and the copy wins over the stored one; `Err` holds the stored copy's
+    /// stamp when it does not.
     fn apply(
         &mut self,
         key: &str,
         stamp: Stamp,
         content: &[u8],
+        file: Option<u64>,
         precondition: Option<Precondition>,
     ) -> Result<Result<Stamp, Option<Stamp>>, StoreError> {
         let old = read_header(&self.headers, key)?;
@@ -685,42 +854,74 @@ impl<'txn> Tables<'txn> {
             key,
             stamp,
             content,
+            file,
             old,
         )?;
-        let total = self.totals.get(CONTENT_BYTES)?.map_or(0, |v| v.value());
         let old_len = old.map_or(0, |old| old.len);
-        let new_total = (total + content.len() as u64).saturating_sub(old_len);
-        self.totals.insert(CONTENT_BYTES, new_total)?;
+        self.add_to_total(CONTENT_BYTES, content.len() as u64, old_len)?;
+        let old_file = old.and_then(|old| old.file());
+        if let Some(id) = old_file {
+            self.files.remove(id)?;
+            self.replaced.push(id);
+        }
+        if let Some(id) = file {
+            self.files.insert(id, ())?;
+            self.new_files = true;
+        }
+        let file_len = |has: bool, len: u64| if has { len } else { 0 };
+        self.add_to_total(
+            FILE_BYTES,
+            file_len(file.is_some(), content.len() as u64),
+            file_len(old_file.is_some(), old_len),
+        )?;
         Ok(Ok(stamp))
+    }
+
+    /// Adds `added` to the total `name` and takes `removed` from it.
+    fn add_to_total(&mut self, name: &str, added: u64, removed: u64) -> Result<(), StoreError> {
+        let total = self.totals.get(name)?.map_or(0, |v| v.value());
+        let total = total.saturating_add(added).saturating_sub(removed);
+        self.totals.insert(name, total)?;
+        Ok(())
     }
 }
 
-/// Writes the header and the pieces of `content` under `key`, and removes the pieces of the
-/// `old` object the new one does not overwrite.
+/// Writes the header of `content` under `key` and, unless the content is in content file
+/// `file`, its pieces; removes the pieces of the `old` object the new one does not overwrite.
 fn write_object(
     headers: &mut Headers<'_>,
     chunks: &mut Chunks<'_>,
     key: &str,
     stamp: Stamp,
     content: &[u8],
+    file: Option<u64>,
     old: Option<Header>,
 ) -> Result<(), StoreError> {
     let mut index = 0u32;
-    let mut offset = 0;
-    for size in chunk_sizes(content.len(), key.len()) {
-        chunks.insert((key, index), &content[offset..offset + size])?;
-        offset += size;
-        index += 1;
+    if file.is_none() {
+        let mut offset = 0;
+        for size in chunk_sizes(content.len(), key.len()) {
+            chunks.insert((key, index), &content[offset..offset + size])?;
+            offset += size;
+            index += 1;
+        }
     }
-    for stale in index..old.map_or(0, |old| old.chunks) {
+    for stale in index..old.map_or(0, |old| old.pieces()) {
         chunks.remove((key, stale))?;
     }
-    let mut header = [0u8; HEADER_LEN];
+    let mut header = [0u8; FILE_HEADER_LEN];
     header[..8].copy_from_slice(&stamp.version.to_le_bytes());
     header[8..40].copy_from_slice(&stamp.hash);
     header[40..48].copy_from_slice(&(content.len() as u64).to_le_bytes());
-    header[48..].copy_from_slice(&index.to_le_bytes());
-    headers.insert(key, header.as_slice())?;
+    header[48..HEADER_LEN].copy_from_slice(&index.to_le_bytes());
+    let len = match file {
+        Some(id) => {
+            header[HEADER_LEN..].copy_from_slice(&id.to_le_bytes());
+            FILE_HEADER_LEN
+        }
+        None => HEADER_LEN,
+    };
+    headers.insert(key, &header[..len])?;
     Ok(())
 }
 
@@ -735,21 +936,32 @@ fn read_header(
 }
 
 fn decode_header(key: &str, record: &[u8]) -> Result<Header, StoreError> {
-    let Ok(record) = <&[u8; HEADER_LEN]>::try_from(record) else {
-        return Err(StoreError::Corrupt {
-            key: key.to_string(),
-            reason: "header has the wrong length",
-        });
+    let corrupt = |reason| StoreError::Corrupt {
+        key: key.to_string(),
+        reason,
     };
+    if record.len() != HEADER_LEN && record.len() != FILE_HEADER_LEN {
+        return Err(corrupt("header has the wrong length"));
+    }
     let mut hash = [0u8; 32];
     hash.copy_from_slice(&record[8..40]);
+    let u64_at = |at: usize| u64::from_le_bytes(record[at..at + 8].try_into().expect("8 bytes"));
+    let pieces = u32::from_le_bytes(record[48..HEADER_LEN].try_into().expect("4 bytes"));
+    let place = if record.len() == FILE_HEADER_LEN {
+        if pieces != 0 {
+            return Err(corrupt("header names both pieces and a content file"));
+        }
+        Place::File(u64_at(HEADER_LEN))
+    } else {
+        Place::Pieces(pieces)
+    };
     Ok(Header {
         stamp: Stamp {
-            version: u64::from_le_bytes(record[..8].try_into().expect("8 bytes")),
+            version: u64_at(0),
             hash,
         },
-        len: u64::from_le_bytes(record[40..48].try_into().expect("8 bytes")),
-        chunks: u32::from_le_bytes(record[48..].try_into().expect("4 bytes")),
+        len: u64_at(40),
+        place,
     })
 }
 

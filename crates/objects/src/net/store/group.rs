@@ -35,6 +35,8 @@ pub(super) struct Write {
     pub stamp: Stamp,
     pub content: Bytes,
     pub precondition: Option<Precondition>,
+    /// The content file already holding `content`, if it goes to one.
+    pub file: Option<u64>,
 }
 
 /// The queue of writes and their outcomes.
@@ -128,8 +130,9 @@ impl Drop for Leader<'_> {
 }
 
 /// Applies `writes` in one transaction and commits; falls back to one transaction per write if
-/// that fails. Updates the object cache with what was written.
-fn commit(store: &Store, writes: &[Write]) -> Vec<Outcome> {
+/// that fails. Updates the object cache with what was written, and removes the content files of
+/// writes that wrote nothing.
+pub(super) fn commit(store: &Store, writes: &[Write]) -> Vec<Outcome> {
     let outcomes = match together(store, writes) {
         Ok(outcomes) => outcomes,
         Err(_) if writes.len() > 1 => writes
@@ -140,6 +143,11 @@ fn commit(store: &Store, writes: &[Write]) -> Vec<Outcome> {
             .collect(),
         Err(error) => vec![Err(error)],
     };
+    for (write, outcome) in writes.iter().zip(&outcomes) {
+        if let (Some(id), false) = (write.file, matches!(outcome, Ok(Ok(_)))) {
+            store.remove_file(id);
+        }
+    }
     let mut cache = store.cache();
     for (write, outcome) in writes.iter().zip(&outcomes) {
         if matches!(outcome, Ok(Ok(_))) {
@@ -159,24 +167,32 @@ fn commit(store: &Store, writes: &[Write]) -> Vec<Outcome> {
 fn together(store: &Store, writes: &[Write]) -> Result<Vec<Outcome>, StoreError> {
     let txn = store.write_txn()?;
     let mut outcomes = Vec::with_capacity(writes.len());
-    {
+    let (replaced, new_files) = {
         let mut tables = Tables::open(&txn)?;
         for write in writes {
             outcomes.push(Ok(tables.apply(
                 &write.key,
                 write.stamp,
                 &write.content,
+                write.file,
                 write.precondition,
             )?));
         }
-    }
+        (tables.replaced, tables.new_files)
+    };
     let written = outcomes
         .iter()
         .filter(|outcome| matches!(outcome, Ok(Ok(_))))
         .count();
     if written > 0 {
+        if let (true, Some(files)) = (new_files, &store.files) {
+            files.sync_dir()?;
+        }
         txn.commit()?;
         store.counts.committed(written);
+        for id in replaced {
+            store.remove_file(id);
+        }
     }
     // Else nothing was written: the transaction is dropped, not committed.
     Ok(outcomes)
@@ -200,6 +216,7 @@ mod tests {
             },
             content,
             precondition,
+            file: None,
         }
     }
 
@@ -292,6 +309,7 @@ mod tests {
                 },
                 content,
                 precondition: None,
+                file: None,
             }
         };
         let outcomes = queued_then_released(&store, vec![big("a"), big("b"), big("c")]);

@@ -25,7 +25,8 @@ fn newer_versions_replace_older_ones_only() {
         store.size().unwrap(),
         StoreSize {
             objects: 1,
-            content_bytes: 6
+            content_bytes: 6,
+            file_bytes: 0,
         }
     );
 }
@@ -34,7 +35,8 @@ fn newer_versions_replace_older_ones_only() {
 fn compaction_shrinks_the_file_and_keeps_every_object() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("objects.redb");
-    let store = Store::open(&path, 1 << 20).unwrap();
+    // Content in redb's pieces, not in content files: this is redb's file shrinking.
+    let store = Store::open_with(&path, 1 << 20, usize::MAX).unwrap();
     let content = |key: u32, len: usize| {
         Bytes::from(
             (0..len)
@@ -64,7 +66,7 @@ fn compaction_shrinks_the_file_and_keeps_every_object() {
     // Once compact, there is nothing left to do.
     assert_eq!(store.compact().unwrap(), None);
     drop(store);
-    let store = Store::open(&path, 1 << 20).unwrap();
+    let store = Store::open_with(&path, 1 << 20, usize::MAX).unwrap();
     for key in 0..24 {
         let object = store.get(&format!("k{key}")).unwrap().unwrap();
         assert_eq!(object.content, content(key + 100, 16 << 10));
@@ -84,7 +86,7 @@ fn objects_survive_reopening_and_corruption_is_reported() {
             .collect::<Vec<u8>>(),
     );
     {
-        let store = Store::open(&path, 1 << 20).unwrap();
+        let store = Store::open_with(&path, 1 << 20, usize::MAX).unwrap();
         for key in ["good", "bad", "missing", "short"] {
             store.put(key, stamp(1, &big), big.clone()).unwrap();
         }
@@ -238,7 +240,8 @@ fn a_batch_applies_the_same_rule_in_one_transaction() {
         store.size().unwrap(),
         StoreSize {
             objects: 3,
-            content_bytes: 5
+            content_bytes: 5,
+            file_bytes: 0,
         }
     );
 }
@@ -255,4 +258,138 @@ fn the_cache_stays_within_its_bound() {
     assert!(store.cache().bytes <= 2048);
     assert_eq!(store.get("k0").unwrap().unwrap().content.len(), 500);
     assert_eq!(store.size().unwrap().objects, 100);
+}
+
+/// The content files in the store's directory, by name.
+fn content_files(path: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(path.with_extension("content"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The content file the header of `key` names.
+fn file_of(store: &Store, path: &Path, key: &str) -> PathBuf {
+    let db = store.db();
+    let txn = db.begin_read().unwrap();
+    let headers = txn.open_table(HEADERS).unwrap();
+    let id = read_header(&headers, key).unwrap().unwrap().file().unwrap();
+    path.with_extension("content").join(format!("{id:016x}"))
+}
+
+fn filled(len: usize, seed: u8) -> Bytes {
+    Bytes::from(
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(seed | 1))
+            .collect::<Vec<u8>>(),
+    )
+}
+
+#[test]
+fn large_content_lives_in_one_file_per_object_and_follows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("objects.redb");
+    let store = Store::open(&path, 1 << 20).unwrap();
+    let one = filled(FILE_MIN_BYTES, 1);
+    store.put("k", stamp(1, &one), one.clone()).unwrap();
+    assert_eq!(content_files(&path).len(), 1);
+    assert_eq!(std::fs::read(file_of(&store, &path, "k")).unwrap(), one);
+    // A newer large version replaces the file; a losing one writes none.
+    let two = filled(3 * FILE_MIN_BYTES, 2);
+    store.put("k", stamp(2, &two), two.clone()).unwrap();
+    assert_eq!(
+        store.put("k", stamp(1, &one), one.clone()).unwrap(),
+        stamp(2, &two)
+    );
+    assert_eq!(content_files(&path).len(), 1);
+    assert_eq!(
+        store.size().unwrap(),
+        StoreSize {
+            objects: 1,
+            content_bytes: two.len() as u64,
+            file_bytes: two.len() as u64,
+        }
+    );
+    drop(store);
+    let store = Store::open(&path, 1 << 20).unwrap();
+    assert_eq!(store.get("k").unwrap().unwrap().content, two);
+    // A small version moves the content back into redb and removes the file.
+    let small = filled(FILE_MIN_BYTES - 1, 3);
+    store.put("k", stamp(3, &small), small.clone()).unwrap();
+    assert!(content_files(&path).is_empty());
+    assert_eq!(store.size().unwrap().file_bytes, 0);
+    drop(store);
+    let store = Store::open(&path, 1 << 20).unwrap();
+    assert_eq!(store.get("k").unwrap().unwrap().content, small);
+    // A store in memory keeps everything in redb.
+    let memory = Store::in_memory(1 << 20).unwrap();
+    memory.put("k", stamp(1, &two), two.clone()).unwrap();
+    assert_eq!(memory.get("k").unwrap().unwrap().content, two);
+    assert_eq!(memory.size().unwrap().file_bytes, 0);
+}
+
+#[test]
+fn a_batch_keeps_the_files_of_winners_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("objects.redb");
+    let store = Store::open(&path, 1 << 20).unwrap();
+    let held = filled(FILE_MIN_BYTES, 9);
+    store.put("b", stamp(5, &held), held.clone()).unwrap();
+    let copies: Vec<(String, Stamp, Bytes)> = [("a", 1, 1), ("b", 4, 2), ("c", 1, 3), ("a", 2, 4)]
+        .into_iter()
+        .map(|(key, version, seed)| {
+            let content = filled(FILE_MIN_BYTES + usize::from(seed), seed);
+            (key.to_string(), stamp(version, &content), content)
+        })
+        .collect();
+    let stamps = store.put_batch(&copies).unwrap();
+    assert_eq!(
+        stamps,
+        vec![copies[0].1, stamp(5, &held), copies[2].1, copies[3].1]
+    );
+    // a (its second copy), b (held) and c: three files, none of the loser or the replaced.
+    assert_eq!(content_files(&path).len(), 3);
+    assert_eq!(store.get("a").unwrap().unwrap().content, copies[3].2);
+    assert_eq!(store.get("b").unwrap().unwrap().content, held);
+}
+
+#[test]
+fn stray_files_are_removed_on_open_and_damaged_ones_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("objects.redb");
+    let big = filled(2 * FILE_MIN_BYTES, 5);
+    let files = {
+        let store = Store::open(&path, 1 << 20).unwrap();
+        for key in ["good", "bad", "missing", "short"] {
+            store.put(key, stamp(1, &big), big.clone()).unwrap();
+        }
+        ["bad", "missing", "short"].map(|key| file_of(&store, &path, key))
+    };
+    // Damage files behind the store's back, and leave what a crash leaves: a file no header
+    // names (its write never committed). A name that is no content file is not touched.
+    let [bad, missing, short] = files;
+    let mut damaged = std::fs::read(&bad).unwrap();
+    damaged[7] ^= 0xff;
+    std::fs::write(&bad, damaged).unwrap();
+    std::fs::remove_file(&missing).unwrap();
+    std::fs::write(&short, &big[..100]).unwrap();
+    let content = path.with_extension("content");
+    std::fs::write(content.join("00000000000000ff"), b"uncommitted").unwrap();
+    std::fs::write(content.join("notes.txt"), b"not ours").unwrap();
+    let store = Store::open(&path, 1 << 20).unwrap();
+    assert_eq!(content_files(&path).len(), 3 + 1);
+    assert!(content.join("notes.txt").exists());
+    assert_eq!(store.get("good").unwrap().unwrap().content, big);
+    for key in ["bad", "missing", "short"] {
+        assert!(
+            matches!(store.get(key), Err(StoreError::Corrupt { key: k, .. }) if k == key),
+            "{key}"
+        );
+    }
+    // New files are numbered above every file seen.
+    let next = filled(FILE_MIN_BYTES, 6);
+    store.put("next", stamp(1, &next), next).unwrap();
+    assert!(file_of(&store, &path, "next").ends_with("0000000000000100"));
 }
