@@ -96,8 +96,9 @@ const HEADER_LEN: usize = 8 + 32 + 8 + 4;
 const FILE_HEADER_LEN: usize = HEADER_LEN + 8;
 /// Content of at least this many bytes goes to a file of its own in a store on disk.
 pub const FILE_MIN_BYTES: usize = 64 << 10;
-/// Reads that find their content file replaced under them retry this many times.
-const FILE_READ_ATTEMPTS: usize = 4;
+/// Reads that find their content file replaced under them (the object rewritten meanwhile) try
+/// at most this many times.
+const FILE_READ_ATTEMPTS: usize = 64;
 /// redb's page size (its default, which the store does not change).
 const PAGE: usize = 4096;
 /// The largest piece fills a run of this many pages.
@@ -567,6 +568,7 @@ impl Store {
             reason,
         };
         let mut attempts = 0;
+        let mut missing = None;
         let (header, content) = loop {
             let db = self.db();
             let txn = db.begin_read()?;
@@ -597,9 +599,11 @@ impl Store {
                     match files.read(id)? {
                         Some(content) => content,
                         // A commit replaced the object and removed its file after the header
-                        // was read: read the new header.
-                        None if attempts + 1 < FILE_READ_ATTEMPTS => {
+                        // was read: read the new header. A header that still names the missing
+                        // file is damage.
+                        None if missing != Some(id) && attempts + 1 < FILE_READ_ATTEMPTS => {
                             attempts += 1;
+                            missing = Some(id);
                             continue;
                         }
                         None => return Err(corrupt("its content file is missing")),

@@ -393,3 +393,35 @@ fn stray_files_are_removed_on_open_and_damaged_ones_reported() {
     store.put("next", stamp(1, &next), next).unwrap();
     assert!(file_of(&store, &path, "next").ends_with("0000000000000100"));
 }
+
+#[test]
+fn readers_of_an_object_rewritten_under_them_read_whole_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("objects.redb");
+    // No object cache: every read goes to the content file.
+    let store = std::sync::Arc::new(Store::open(&path, 0).unwrap());
+    let versions: Vec<Bytes> = (0..40u8).map(|v| filled(FILE_MIN_BYTES + 1, v)).collect();
+    store
+        .put("k", stamp(0, &versions[0]), versions[0].clone())
+        .unwrap();
+    let writer = {
+        let store = store.clone();
+        let versions = versions.clone();
+        std::thread::spawn(move || {
+            for (version, content) in versions.iter().enumerate().skip(1) {
+                store
+                    .put("k", stamp(version as u64, content), content.clone())
+                    .unwrap();
+            }
+        })
+    };
+    let mut reads = 0;
+    while !writer.is_finished() || reads == 0 {
+        let object = store.get("k").unwrap().unwrap();
+        assert_eq!(object.content, versions[object.stamp.version as usize]);
+        reads += 1;
+    }
+    writer.join().unwrap();
+    assert_eq!(store.get("k").unwrap().unwrap().stamp.version, 39);
+    assert_eq!(content_files(&path).len(), 1);
+}
