@@ -96,8 +96,13 @@ impl Files {
         Ok(id)
     }
 
-    /// Flushes the directory, so the entries of the files created before survive a crash.
+    /// Flushes the directory, so the entries of the files created before survive a crash. Only on
+    /// Unix: elsewhere the standard library cannot open a directory to flush it, and the store
+    /// relies on the file system to keep new entries.
     pub(super) fn sync_dir(&self) -> Result<(), StoreError> {
+        if cfg!(not(unix)) {
+            return Ok(());
+        }
         File::open(&self.dir)
             .and_then(|dir| dir.sync_all())
             .map_err(|source| StoreError::File {
