@@ -12,7 +12,9 @@
 //!    the same key cannot both be pending on one replica, so with `W > R / 2` at most one of
 //!    several concurrent writes prepares on W replicas.
 //! 2. **Commit** (only after W prepares, to every replica): a replica applies its pending copy if
-//!    the precondition still holds, atomically in one store transaction. `201` at W commits.
+//!    the precondition still holds, atomically in one store transaction; a replica that already
+//!    holds exactly this write (read repair brought it from a replica that committed first)
+//!    acknowledges it too. `201` at W commits.
 //!    Fewer than W prepares: **abort** to every replica, and nothing was written (`412` when a
 //!    replica reported a mismatch, `409` when only other pending writes were in the way).
 //!

@@ -126,7 +126,7 @@ impl ObjectService {
                     )?;
                     Ok(match applied {
                         Ok(_) => CasAnswer::Done,
-                        Err(current) => CasAnswer::Mismatch(current),
+                        Err(current) => committed_or_mismatch(stamp, current),
                     })
                 }
                 other => {
@@ -134,7 +134,7 @@ impl ObjectService {
                     if let Some(theirs) = other {
                         pending.insert(key.to_string(), theirs);
                     }
-                    Ok(CasAnswer::Mismatch(self.inner.store.stamp(key)?))
+                    Ok(committed_or_mismatch(stamp, self.inner.store.stamp(key)?))
                 }
             },
             Phase::Abort => {
@@ -358,5 +358,16 @@ impl ObjectService {
         let plan = self.plan(config, replicas)?;
         let (done, _) = drive(&self.inner.scores, plan, ask, Leftover::Finish).await;
         Ok(done.len())
+    }
+}
+
+/// A commit's answer when it could not apply its pending copy: `Done` if the store already holds
+/// exactly this write (read repair or anti-entropy brought it from a replica that committed
+/// first, so this replica holds what the commit asks), else the mismatch with what it holds.
+fn committed_or_mismatch(stamp: Stamp, current: Option<Stamp>) -> CasAnswer {
+    if current == Some(stamp) {
+        CasAnswer::Done
+    } else {
+        CasAnswer::Mismatch(current)
     }
 }
