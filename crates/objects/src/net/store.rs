@@ -71,7 +71,6 @@ use std::sync::{Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use crate::proto::cas::Precondition;
-use crate::proto::entropy::wins;
 use crate::proto::object::{content_hash, Stamp};
 use bytes::{Bytes, BytesMut};
 use prometheus_client::metrics::counter::Counter;
@@ -434,12 +433,13 @@ impl Store {
 
     /// Compacts the redb file if the disk space it occupies (allocated blocks on Unix) exceeds
     /// the content it holds (content files aside) by more than [`COMPACT_SLACK_RATIO`] and
-    /// [`COMPACT_SLACK_BYTES`]: redb reuses freed pages but never gives space back on its own, so a store whose content shrank (large
-    /// objects replaced by small ones) keeps its high-water mark. redb moves live pages down and
-    /// truncates the file only when at least half of its last region is then free, so a file
-    /// that grew by doubling keeps a sparse tail that occupies no disk. Every other store call waits meanwhile, so the node
-    /// calls this only when it stops gracefully (see `Daemon::shutdown`). A store in memory is
-    /// never compacted. Returns what was done, `None` if nothing needed doing.
+    /// [`COMPACT_SLACK_BYTES`]: redb reuses freed pages but never gives space back on its own,
+    /// so a store whose content shrank (large objects replaced by small ones) keeps its
+    /// high-water mark. redb moves live pages down and truncates the file only when at least
+    /// half of its last region is then free, so a file that grew by doubling keeps a sparse tail
+    /// that occupies no disk. Every other store call waits meanwhile, so the node calls this only
+    /// when it stops gracefully (see `Daemon::shutdown`). A store in memory is never compacted.
+    /// Returns what was done, `None` if nothing needed doing.
     pub fn compact(&self) -> Result<Option<Compaction>, StoreError> {
         self.compact_above(COMPACT_SLACK_RATIO, COMPACT_SLACK_BYTES)
     }
@@ -586,9 +586,7 @@ impl Store {
                 let txn = db.begin_read()?;
                 read_header(&txn.open_table(HEADERS)?, key)?.map(|header| header.stamp)
             };
-            if precondition.is_some_and(|p| !p.holds(current.as_ref()))
-                || current.is_some_and(|current| !wins(&stamp, &current))
-            {
+            if !applies(&stamp, precondition, current.as_ref()) {
                 return Ok(Err(current));
             }
             self.create_file(&content)?
@@ -616,7 +614,7 @@ impl Store {
     /// Writes `content` to a new content file if it goes to one (see the module docs).
     fn create_file(&self, content: &[u8]) -> Result<Option<u64>, StoreError> {
         match &self.files {
-            Some(files) if content.len() >= files.min_bytes => files.create(content).map(Some),
+            Some(files) if self.goes_to_file(content) => files.create(content).map(Some),
             _ => Ok(None),
         }
     }

@@ -133,10 +133,7 @@ impl<'txn> Tables<'txn> {
     ) -> Result<Result<Stamp, Option<Stamp>>, StoreError> {
         let old = read_header(&self.headers, key)?;
         let current = old.map(|old| old.stamp);
-        if precondition.is_some_and(|p| !p.holds(current.as_ref())) {
-            return Ok(Err(current));
-        }
-        if !old.is_none_or(|old| wins(&stamp, &old.stamp)) {
+        if !applies(&stamp, precondition, current.as_ref()) {
             return Ok(Err(current));
         }
         write_object(
@@ -259,4 +256,15 @@ pub(super) fn decode_header(key: &str, record: &[u8]) -> Result<Header, StoreErr
         len: u64_at(40),
         place,
     })
+}
+
+/// Whether a write of `stamp` under `precondition` applies over the stored copy `current`: the
+/// precondition holds and the new copy wins (see [`wins`]).
+pub(super) fn applies(
+    stamp: &Stamp,
+    precondition: Option<Precondition>,
+    current: Option<&Stamp>,
+) -> bool {
+    precondition.is_none_or(|p| p.holds(current))
+        && current.is_none_or(|current| wins(stamp, current))
 }
