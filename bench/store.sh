@@ -12,6 +12,10 @@
 #  3. SIGKILL while a PUT is in flight, restart, and the time from the restart until `/status`
 #     answers; then every key read back and checked against the content last acknowledged.
 #     Target: at most 2 s.
+#  4. Slow readers: 128 connections (32 from each of four loopback addresses, the per-client cap)
+#     each GET a distinct 8 MiB object and read 64 KiB of it, then stall for 3 s; the node's RSS
+#     while they stall, over its RSS before. A response streamed from the store holds a chunk, not
+#     the object.
 # Usage: bench/store.sh [objects]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -152,3 +156,40 @@ for line in filter(None, lines):
 print(f"acknowledged_objects_checked {len(list(filter(None, lines)))}  wrong_or_missing {bad}")
 sys.exit(1 if bad else 0)
 PY
+
+echo "== slow readers"
+rss_before=$(rss_mb VmRSS)
+python3 - "$((port + 1))" "$objects" "$pid" "$rss_before" <<'PY'
+import socket, sys, time
+port, objects, pid, before = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+def rss_mb():
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+readers = []
+for i in range(min(128, objects)):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    s.bind((f"127.0.0.{2 + i // 32}", 0))
+    s.connect(("127.0.0.1", port))
+    s.sendall(f"GET /objects/obj-{i:04d} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    readers.append(s)
+got, statuses = 0, {}
+for s in readers:
+    want, first = 64 << 10, b""
+    while want > 0:
+        chunk = s.recv(want)
+        if not chunk:
+            break
+        first = (first + chunk)[:16]
+        want -= len(chunk)
+        got += len(chunk)
+    status = first.split(b" ")[1].decode() if first.count(b" ") else "none"
+    statuses[status] = statuses.get(status, 0) + 1
+time.sleep(3)
+during = rss_mb()
+print(f"slow_readers {len(readers)}  statuses {statuses}  read_mb {got / 1e6:.1f}"
+      f"  rss_before_mb {before:.0f}  rss_while_stalled_mb {during:.0f}  (+{during - before:.0f} MB;"
+      f" the 200s' objects whole would be +{statuses.get('200', 0) * 8 * 1.048576:.0f} MB)")
+PY
+

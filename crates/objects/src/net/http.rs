@@ -37,7 +37,6 @@ pub mod ring;
 pub mod serve;
 pub mod topics;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -56,9 +55,11 @@ use self::errors::{error, KeyPath};
 use self::limits::HttpLimits;
 use super::ring::Ring;
 use super::service::{ObjectService, ObjectServiceError};
-use super::store::StoredObject;
+use super::store::{Body as StoreBody, StoreError};
 use super::topics::Topics;
 use crate::proto::cas::{etag, parse_precondition};
+use crate::proto::object::Stamp;
+use futures_util::StreamExt as _;
 
 /// Size of the chunks a response body is streamed in.
 pub const CHUNK_BYTES: usize = 64 * 1024;
@@ -271,35 +272,65 @@ async fn get_object(
             .get(READ_MODE_HEADER)
             .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"local"));
     if local {
-        let object = service.get_local(&key)?;
-        return Ok(object_response(object, None));
+        let (stamp, body) = service.get_local_body(&key).await?;
+        return Ok(object_response(&service, stamp, body, None));
     }
     crate::proto::object::validate_key(&key).map_err(ObjectServiceError::InvalidKey)?;
-    let read = service.get(&key).await?;
-    Ok(object_response(read.object, Some(read.answers)))
+    let read = service.get_body(&key, true).await?;
+    Ok(object_response(
+        &service,
+        read.stamp,
+        read.body,
+        Some(read.answers),
+    ))
 }
 
-fn object_response(object: StoredObject, answers: Option<usize>) -> Response {
-    let len = object.content.len();
-    let content = object.content;
-    // Slices share the stored buffer: many readers of one large object hold one copy.
-    let chunks = (0..len).step_by(CHUNK_BYTES).map(move |start| {
-        Ok::<Bytes, Infallible>(content.slice(start..(start + CHUNK_BYTES).min(len)))
-    });
-    let mut response = Response::new(Body::from_stream(futures_util::stream::iter(chunks)));
+/// A `200` streaming `body` in chunks of [`CHUNK_BYTES`]: slices of a held buffer (many readers
+/// of one cached object share one copy), or a content file read chunk by chunk on the blocking
+/// pool, so a slow client holds one chunk, not the object. A content file found damaged while
+/// it streams (checked against its hash as it is read) ends the body with an error: the
+/// client's connection is cut short of the `Content-Length`, never handed a silently wrong end.
+fn object_response(
+    service: &ObjectService,
+    stamp: Stamp,
+    body: StoreBody,
+    answers: Option<usize>,
+) -> Response {
+    let len = body.len();
+    let stream = match body {
+        StoreBody::Held(content) => {
+            let len = content.len();
+            let chunks = (0..len).step_by(CHUNK_BYTES).map(move |start| {
+                Ok::<Bytes, StoreError>(content.slice(start..(start + CHUNK_BYTES).min(len)))
+            });
+            futures_util::stream::iter(chunks).boxed()
+        }
+        StoreBody::File(reader) => {
+            let service = service.clone();
+            futures_util::stream::try_unfold(reader, move |reader| {
+                let service = service.clone();
+                async move {
+                    let next = service.next_chunk(reader, CHUNK_BYTES).await;
+                    if let Err(error) = &next {
+                        tracing::error!(%error, "cut a GET response short");
+                    }
+                    next
+                }
+            })
+            .boxed()
+        }
+    };
+    let mut response = Response::new(Body::from_stream(stream));
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
     );
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    if let Ok(etag) = HeaderValue::from_str(&etag(&object.stamp)) {
+    if let Ok(etag) = HeaderValue::from_str(&etag(&stamp)) {
         headers.insert(header::ETAG, etag);
     }
-    headers.insert(
-        "x-meshwire-version",
-        HeaderValue::from(object.stamp.version),
-    );
+    headers.insert("x-meshwire-version", HeaderValue::from(stamp.version));
     if let Some(answers) = answers {
         headers.insert("x-meshwire-answers", HeaderValue::from(answers));
     }

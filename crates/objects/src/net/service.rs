@@ -32,7 +32,9 @@
 //!   configuration, hedged by default) asks replicas in parallel and returns at quorum. Most
 //!   requests ask for *metadata* (version and hash) only; one in every `quorum` requests, the
 //!   first of them drawn at random, asks for the content too (none when this node is a replica:
-//!   it answers itself from its store), and so does a hedge sent while no content has arrived.
+//!   it answers itself, version and hash, its content checked through a small buffer), and so
+//!   does a hedge sent while no content has arrived. A replica answers a metadata request the
+//!   same way, without reading the content into memory.
 //!   A read then moves about one copy of the object, not one per replica: when every replica
 //!   sent its copy, each owed a copy per read, and a replica's new connection (a congestion
 //!   window of ten packets) queued them for seconds (`docs/scenarios.md`, the quorum sweep). An
@@ -41,7 +43,9 @@
 //!   version, then trust = 1 − error rate, then holders). The content comes from an answer that
 //!   carried the winner's, else from this node's store when it holds the winner, else from one
 //!   of the winner's holders, raced against any content request the plan left in flight (the
-//!   hash is checked either way). Replicas that answered with an older copy or none are
+//!   hash is checked either way). [`ObjectService::get_body`] (the HTTP API's `GET`) takes this
+//!   node's copy as its content file open for reading, streamed and checked again as it is
+//!   read. Replicas that answered with an older copy or none are
 //!   repaired in the background.
 //!
 //! Each request has a deadline covering the whole exchange; no read ever waits on a peer beyond it.
@@ -64,7 +68,7 @@ use meshwire::{HandlerError, Node, PeerId, SubscribeError};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
-use super::store::{Store, StoreError, StoredObject};
+use super::store::{Body, Store, StoreError, StoredObject};
 
 mod cas;
 mod drive;
@@ -314,6 +318,21 @@ pub struct WriteOutcome {
 pub struct ReadOutcome {
     /// The winning copy.
     pub object: StoredObject,
+    /// Replicas that answered.
+    pub answers: usize,
+    /// Replicas asked.
+    pub asked: usize,
+    /// Replicas being repaired in the background.
+    pub repairs: usize,
+}
+
+/// What a read returned, its content as a [`Body`] ([`ObjectService::get_body`]).
+#[derive(Debug)]
+pub struct BodyRead {
+    /// The winning copy's version and hash.
+    pub stamp: Stamp,
+    /// Its content: held, or this node's content file open for reading.
+    pub body: Body,
     /// Replicas that answered.
     pub answers: usize,
     /// Replicas asked.
@@ -672,12 +691,22 @@ impl ObjectService {
             .inc();
     }
 
-    /// The local copy of `key`, without asking anyone.
+    /// The local copy of `key`, without asking anyone. Reads the store on the calling thread
+    /// (in async code, use [`Self::get_local_body`], as the HTTP API does).
     pub fn get_local(&self, key: &str) -> Result<StoredObject, ObjectServiceError> {
         object::validate_key(key).map_err(ObjectServiceError::InvalidKey)?;
         self.inner
             .store
             .get(key)?
+            .ok_or(ObjectServiceError::NotFound)
+    }
+
+    /// The local copy of `key` as a [`Body`] (see [`Store::get_body`]), without asking anyone;
+    /// the store is read on the blocking pool.
+    pub async fn get_local_body(&self, key: &str) -> Result<(Stamp, Body), ObjectServiceError> {
+        object::validate_key(key).map_err(ObjectServiceError::InvalidKey)?;
+        self.local_body(key)
+            .await?
             .ok_or(ObjectServiceError::NotFound)
     }
 
@@ -752,16 +781,22 @@ impl ObjectService {
                 let fetched = if peer == me {
                     // This node's own copy, shared with its cache (never copied into an answer
                     // buffer: 250 readers of one 5 MB object share one copy), under the same
-                    // clock and version checks as a replica's answer.
-                    let held = service.local_copy(&key).await?;
-                    let version = held.as_ref().map(|object| object.stamp.version);
+                    // clock and version checks as a replica's answer. Version and hash only are
+                    // checked without holding the content (a read streams it afterwards).
+                    let held = match mode {
+                        FetchMode::Full => service
+                            .local_copy(&key)
+                            .await?
+                            .map(|object| (object.stamp, Some(object.content))),
+                        FetchMode::Metadata => {
+                            service.local_stamp(&key).await?.map(|stamp| (stamp, None))
+                        }
+                    };
+                    let version = held.as_ref().map(|(stamp, _)| stamp.version);
                     service.accept_answer(peer, service.tick()?, version)?;
                     match held {
                         None => Fetched::Absent,
-                        Some(object) => Fetched::Present {
-                            stamp: object.stamp,
-                            content: (mode == FetchMode::Full).then_some(object.content),
-                        },
+                        Some((stamp, content)) => Fetched::Present { stamp, content },
                     }
                 } else {
                     let reply = service

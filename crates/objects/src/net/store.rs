@@ -37,6 +37,14 @@
 //! file per small object would cost a file and a flush each. A store in memory keeps everything
 //! in pieces.
 //!
+//! **Streaming reads.** [`Store::get_body`] hands out a content file open for reading
+//! ([`Body::File`]) instead of its content; [`ContentReader`] reads it chunk by chunk and checks
+//! the hash when the last chunk is read, reporting damage instead of that chunk, so a reader
+//! never receives a wrong end silently. The open file stays readable when a commit replaces its
+//! object meanwhile: the reader finishes the version it began. [`Store::checked_stamp`] checks a
+//! copy through a small buffer (a version-only answer to a read). Neither enters the object
+//! cache.
+//!
 //! **Memory.** The store's memory budget ([`DEFAULT_MEMORY_BYTES`] unless configured) is split in
 //! two halves: redb's page cache (which would otherwise default to 1 GiB) and a cache of hot
 //! objects as shared buffers, so many readers of one large object share one copy (the 250-reader
@@ -76,10 +84,12 @@ use bytes::{Bytes, BytesMut};
 use prometheus_client::metrics::counter::Counter;
 use redb::{ReadableTable, ReadableTableMetadata, TableHandle};
 
+mod body;
 mod files;
 mod group;
 mod layout;
 
+pub use body::{Body, ContentReader};
 pub use layout::chunk_sizes;
 use layout::*;
 

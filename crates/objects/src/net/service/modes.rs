@@ -45,8 +45,8 @@ impl Modes {
     /// `full_at` (drawn at random below `quorum` by the caller, so that no one replica carries
     /// every read's content): a plan that asks more replicas than its quorum (at first, while it
     /// cannot tell which are slow) expects some not to answer in time, and the content should
-    /// not wait on one of those. None when this node is a candidate (it answers in full from its
-    /// store). A later request (a hedge for a late one) also asks for the content while none has
+    /// not wait on one of those. None when this node is a candidate (its own copy is read once
+    /// the quorum's winner is known). A later request (a hedge for a late one) also asks for the content while none has
     /// arrived.
     pub(super) fn one_full(full_at: usize, quorum: usize) -> Self {
         Self::OneFull(Mutex::new(OneFull {
@@ -62,7 +62,9 @@ impl Modes {
     pub(super) fn next(&self, local: bool) -> FetchMode {
         match self {
             Self::All(mode) => *mode,
-            Self::OneFull(_) if local => FetchMode::Full,
+            // This node's content is read once the quorum's winner is known, and only if it is
+            // the winner's (a read streams it from its content file).
+            Self::OneFull(_) if local => FetchMode::Metadata,
             Self::OneFull(state) => {
                 let mut state = lock(state);
                 let index = state.asked;
@@ -145,8 +147,8 @@ mod tests {
             first,
             [Metadata, Full, Metadata, Metadata, Full, Metadata, Metadata]
         );
-        // This node answers itself in full, whatever its turn.
-        assert_eq!(modes.next(true), Full);
+        // This node answers itself with version and hash, whatever its turn.
+        assert_eq!(modes.next(true), Metadata);
         // A request made later is a hedge for a late one: it asks for the content while none
         // has arrived...
         tokio::time::advance(Duration::from_millis(300)).await;
@@ -160,7 +162,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_node_that_is_a_candidate_asks_no_one_else_for_the_content() {
         let modes = Modes::one_full(usize::MAX, 2);
-        assert_eq!(modes.next(true), FetchMode::Full);
+        assert_eq!(modes.next(true), FetchMode::Metadata);
         for _ in 0..4 {
             assert_eq!(modes.next(false), FetchMode::Metadata);
         }

@@ -8,14 +8,14 @@ use bytes::Bytes;
 use meshwire::protocols::{OBJECT_FETCH as FETCH, OBJECT_STORE as STORE};
 use meshwire::PeerId;
 
-use crate::net::store::StoredObject;
+use crate::net::store::{Body, StoredObject};
 use crate::proto::object::{
     self, decode_fetched, decode_stored, merge, FetchMode, Fetched, Stamp, Stored, Vote,
 };
 use crate::proto::quorum::QuorumConfig;
 
 use super::{
-    lock, stamp_of, Modes, ObjectService, ObjectServiceError, OutcomeLabel, QuorumRead,
+    lock, stamp_of, BodyRead, Modes, ObjectService, ObjectServiceError, OutcomeLabel, QuorumRead,
     ReadOutcome, ReplicaError,
 };
 use rand::Rng;
@@ -23,8 +23,26 @@ use rand::Rng;
 impl ObjectService {
     /// Reads `key` at quorum from its replicas, merges the copies and repairs stale replicas.
     pub async fn get(&self, key: &str) -> Result<ReadOutcome, ObjectServiceError> {
+        let read = self.get_body(key, false).await?;
+        let content = self.held(read.body).await?;
+        Ok(ReadOutcome {
+            object: StoredObject {
+                stamp: read.stamp,
+                content,
+            },
+            answers: read.answers,
+            asked: read.asked,
+            repairs: read.repairs,
+        })
+    }
+
+    /// [`Self::get`] with the winner's content as a [`Body`]: when this node holds the winner in
+    /// a content file, the file open for reading (checked as it is read) instead of its content
+    /// in memory, so a large object's reader holds a chunk at a time (the HTTP API's `GET`).
+    /// With `stream` false the content is always held.
+    pub async fn get_body(&self, key: &str, stream: bool) -> Result<BodyRead, ObjectServiceError> {
         let started = tokio::time::Instant::now();
-        let result = self.get_inner(key).await;
+        let result = self.get_inner(key, stream).await;
         let label = match &result {
             Ok(_) => {
                 self.inner
@@ -45,7 +63,7 @@ impl ObjectService {
         result
     }
 
-    async fn get_inner(&self, key: &str) -> Result<ReadOutcome, ObjectServiceError> {
+    async fn get_inner(&self, key: &str, stream: bool) -> Result<BodyRead, ObjectServiceError> {
         let config = self.inner.config;
         let replicas = self.replicas(key);
         let quorum = config.read_quorum.min(replicas.len()).max(1);
@@ -57,7 +75,7 @@ impl ObjectService {
             deadline: config.deadline,
             attempt_timeout: config.attempt_timeout,
         };
-        let read = self.read_from(&replicas, key, plan_config).await?;
+        let (read, modes, winner) = self.vote(&replicas, key, plan_config).await?;
         if !read.outcome.reached(quorum) {
             return Err(ObjectServiceError::QuorumNotReached {
                 needed: quorum,
@@ -65,20 +83,32 @@ impl ObjectService {
                 asked: read.outcome.asked,
             });
         }
-        let object = read.object.ok_or(ObjectServiceError::NotFound)?;
+        let winner = winner.ok_or(ObjectServiceError::NotFound)?;
+        let requests = AtomicUsize::new(0);
+        let (stamp, body) = self
+            .winner_content(key, winner, &read.copies, &modes, stream, &requests)
+            .await?;
         let stale: Vec<PeerId> = read
             .copies
             .iter()
-            .filter(|(_, fetched)| stamp_of(fetched) != Some(object.stamp))
+            .filter(|(_, fetched)| stamp_of(fetched) != Some(stamp))
             .map(|(peer, _)| *peer)
             .collect();
         let repairs = stale.len();
         if repairs > 0 {
             self.inner.metrics.repairs.inc_by(repairs as u64);
-            tokio::spawn(self.clone().repair(key.to_string(), object.clone(), stale));
+            let held = match &body {
+                Body::Held(content) => Some(StoredObject {
+                    stamp,
+                    content: content.clone(),
+                }),
+                Body::File(_) => None,
+            };
+            tokio::spawn(self.clone().repair(key.to_string(), stamp, held, stale));
         }
-        Ok(ReadOutcome {
-            object,
+        Ok(BodyRead {
+            stamp,
+            body,
             answers: read.outcome.answers,
             asked: read.outcome.asked,
             repairs,
@@ -109,6 +139,30 @@ impl ObjectService {
         key: &str,
         config: QuorumConfig,
     ) -> Result<QuorumRead, ObjectServiceError> {
+        let (mut read, modes, winner) = self.vote(candidates, key, config).await?;
+        let Some(winner) = winner.filter(|_| read.outcome.reached(config.quorum)) else {
+            return Ok(read);
+        };
+        let requests = AtomicUsize::new(0);
+        let (stamp, body) = self
+            .winner_content(key, winner, &read.copies, &modes, false, &requests)
+            .await?;
+        read.content_requests = requests.into_inner();
+        read.object = Some(StoredObject {
+            stamp,
+            content: self.held(body).await?,
+        });
+        Ok(read)
+    }
+
+    /// The quorum fetch of a read (see [`Self::read_from`]) and the merged winner's stamp, if the
+    /// quorum was reached and some replica holds `key`; `object` is left `None`.
+    async fn vote(
+        &self,
+        candidates: &[PeerId],
+        key: &str,
+        config: QuorumConfig,
+    ) -> Result<(QuorumRead, Arc<Modes>, Option<Stamp>), ObjectServiceError> {
         let me = self.inner.node.peer_id();
         let quorum = config.quorum.max(1);
         let full_at = if candidates.contains(&me) {
@@ -120,14 +174,14 @@ impl ObjectService {
         let result = self
             .fetch_in(candidates, key, modes.clone(), config)
             .await?;
-        let mut read = QuorumRead {
+        let read = QuorumRead {
             object: None,
             copies: result.copies,
             outcome: result.outcome,
             content_requests: 0,
         };
         if !read.outcome.reached(config.quorum) {
-            return Ok(read);
+            return Ok((read, modes, None));
         }
         let votes: Vec<Vote> = {
             let scores = lock(&self.inner.scores);
@@ -143,51 +197,63 @@ impl ObjectService {
                 })
                 .collect()
         };
-        let Some(winner) = merge(&votes) else {
-            return Ok(read);
-        };
-        let carried = read.copies.iter().find_map(|(_, fetched)| match fetched {
+        let winner = merge(&votes);
+        Ok((read, modes, winner))
+    }
+
+    /// The content of the quorum's `winner`: from an answer that carried it, else from this
+    /// node's store or one of its holders, raced against the content requests the plan left in
+    /// flight. With `stream`, this node's copy in a content file comes as the open file.
+    async fn winner_content(
+        &self,
+        key: &str,
+        winner: Stamp,
+        copies: &[(PeerId, Fetched<Bytes>)],
+        modes: &Modes,
+        stream: bool,
+        requests: &AtomicUsize,
+    ) -> Result<(Stamp, Body), ObjectServiceError> {
+        let carried = copies.iter().find_map(|(_, fetched)| match fetched {
             Fetched::Present {
                 stamp,
                 content: Some(content),
-            } if *stamp == winner => Some(StoredObject {
-                stamp: *stamp,
-                content: content.clone(),
-            }),
+            } if *stamp == winner => Some((*stamp, Body::Held(content.clone()))),
             _ => None,
         });
-        read.object = Some(match carried {
-            Some(object) => object,
-            None => {
-                // A request for the content the plan left in flight may still answer first.
-                let requests = AtomicUsize::new(0);
-                let object = tokio::select! {
-                    object = modes.carried(winner) => object,
-                    fetched = self.content_of(key, winner, &read.copies, &requests) => fetched?,
-                };
-                read.content_requests = requests.into_inner();
-                object
-            }
-        });
-        Ok(read)
+        if let Some(carried) = carried {
+            return Ok(carried);
+        }
+        tokio::select! {
+            object = modes.carried(winner) => Ok((object.stamp, Body::Held(object.content))),
+            fetched = self.content_of(key, winner, copies, stream, requests) => fetched,
+        }
     }
 
     /// The winner's content from this node's store or one of its holders; counts in `requests`
-    /// each request it makes.
+    /// each request it makes. With `stream`, this node's copy comes as a [`Body`] that may be a
+    /// content file open for reading.
     async fn content_of(
         &self,
         key: &str,
         winner: Stamp,
         copies: &[(PeerId, Fetched<Bytes>)],
+        stream: bool,
         requests: &AtomicUsize,
-    ) -> Result<StoredObject, ObjectServiceError> {
+    ) -> Result<(Stamp, Body), ObjectServiceError> {
         // A copy that wins over the quorum's winner was written (acknowledged or not) after the
         // quorum answered: serving it is as good as serving the winner, and better than a 502.
         let current =
             |stamp: Stamp| stamp == winner || crate::proto::entropy::wins(&stamp, &winner);
-        if let Some(local) = self.local_copy(key).await? {
-            if current(local.stamp) {
-                return Ok(local);
+        let local = if stream {
+            self.local_body(key).await?
+        } else {
+            self.local_copy(key)
+                .await?
+                .map(|object| (object.stamp, Body::Held(object.content)))
+        };
+        if let Some((stamp, body)) = local {
+            if current(stamp) {
+                return Ok((stamp, body));
             }
         }
         let me = self.inner.node.peer_id();
@@ -217,17 +283,30 @@ impl ObjectService {
             }) = answer.answer
             {
                 if current(stamp) && self.accept_answer(*peer, answer.clock, None).is_ok() {
-                    return Ok(StoredObject {
-                        stamp,
-                        content: reply.slice(range),
-                    });
+                    return Ok((stamp, Body::Held(reply.slice(range))));
                 }
             }
         }
         Err(ObjectServiceError::ContentUnavailable)
     }
 
-    async fn repair(self, key: String, object: StoredObject, stale: Vec<PeerId>) {
+    /// Sends the `stale` replicas of `key` the copy stamped `stamp`: `held`, or (when the read
+    /// streamed it from a content file) this node's copy, read again here if it still has that
+    /// stamp.
+    async fn repair(
+        self,
+        key: String,
+        stamp: Stamp,
+        held: Option<StoredObject>,
+        stale: Vec<PeerId>,
+    ) {
+        let object = match held {
+            Some(object) => object,
+            None => match self.local_copy(&key).await {
+                Ok(Some(object)) if object.stamp == stamp => object,
+                _ => return,
+            },
+        };
         let me = self.inner.node.peer_id();
         let Ok(clock) = self.tick() else {
             return;
@@ -237,9 +316,10 @@ impl ObjectService {
         let message = Bytes::from(message);
         for peer in stale {
             let result: Result<(), ReplicaError> = if peer == me {
-                self.inner
-                    .store
-                    .put(&key, object.stamp, object.content.clone())
+                let (key, object) = (key.clone(), object.clone());
+                self.on_store(move |store| store.put(&key, object.stamp, object.content))
+                    .await
+                    .and_then(|held| held)
                     .map(|_| ())
                     .map_err(ReplicaError::from)
             } else {

@@ -10,7 +10,7 @@
 use bytes::Bytes;
 use meshwire::{HandlerError, PeerId};
 
-use crate::net::store::StoredObject;
+use crate::net::store::{StoreError, StoredObject};
 use crate::proto::clock::ClockError;
 use crate::proto::object::{self, FetchMode, FetchRequest, ObjectError, Refusal, Stamp, Stored};
 
@@ -31,6 +31,14 @@ impl ObjectService {
             Ok(request) => request,
             Err(answer) => return answer,
         };
+        if request.mode == FetchMode::Metadata {
+            let stamp = self
+                .inner
+                .store
+                .checked_stamp(request.key)
+                .map_err(handler_error)?;
+            return self.answer_stamp(stamp);
+        }
         let held = self.inner.store.get(request.key).map_err(handler_error)?;
         self.answer_fetch(request.mode, held.as_ref())
     }
@@ -48,6 +56,17 @@ impl ObjectService {
             Ok(request) => request,
             Err(answer) => return answer,
         };
+        if request.mode == FetchMode::Metadata {
+            // Version and hash, the content checked without holding it whole.
+            let stamp = self
+                .local_stamp(request.key)
+                .await
+                .map_err(|error| match error {
+                    StoreError::Stopped => HandlerError::Stopped,
+                    other => handler_error(other),
+                })?;
+            return self.answer_stamp(stamp);
+        }
         let held = match self.inner.store.cached(request.key) {
             Some(object) => Some(object),
             None => {
@@ -85,6 +104,15 @@ impl ObjectService {
     ) -> Result<Bytes, HandlerError> {
         let clock = self.tick().map_err(handler_error)?;
         Ok(encode_fetched(clock, mode, held))
+    }
+
+    /// The answer to an admitted metadata fetch: `stamp`, or absent.
+    fn answer_stamp(&self, stamp: Option<Stamp>) -> Result<Bytes, HandlerError> {
+        let clock = self.tick().map_err(handler_error)?;
+        Ok(Bytes::from(object::encode_fetched_header(
+            clock,
+            stamp.as_ref(),
+        )))
     }
 
     /// Stores a copy sent by `peer` if it wins over the local one, or refuses it. Answers

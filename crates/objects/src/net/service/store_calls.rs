@@ -5,7 +5,7 @@
 use bytes::Bytes;
 
 use super::{lock, ObjectService, ObjectServiceError};
-use crate::net::store::{Store, StoreError, StoredObject};
+use crate::net::store::{Body, ContentReader, Store, StoreError, StoredObject};
 use crate::proto::object::{content_hash, Stamp};
 
 impl ObjectService {
@@ -57,6 +57,51 @@ impl ObjectService {
         }
         let key = key.to_string();
         self.on_store(move |store| store.get(&key)).await?
+    }
+
+    /// The local copy of `key` as a [`Body`] (see [`Store::get_body`]), read on the blocking pool
+    /// unless the object cache holds it.
+    pub(crate) async fn local_body(&self, key: &str) -> Result<Option<(Stamp, Body)>, StoreError> {
+        if let Some(object) = self.inner.store.cached(key) {
+            return Ok(Some((object.stamp, Body::Held(object.content))));
+        }
+        let key = key.to_string();
+        self.on_store(move |store| store.get_body(&key)).await?
+    }
+
+    /// The stamp of the local copy of `key`, its content checked (see [`Store::checked_stamp`]):
+    /// from the object cache at once, else on the blocking pool.
+    pub(crate) async fn local_stamp(&self, key: &str) -> Result<Option<Stamp>, StoreError> {
+        if let Some(object) = self.inner.store.cached(key) {
+            return Ok(Some(object.stamp));
+        }
+        let key = key.to_string();
+        self.on_store(move |store| store.checked_stamp(&key))
+            .await?
+    }
+
+    /// `body`'s whole content: a content file is read (and checked) on the blocking pool.
+    pub(crate) async fn held(&self, body: Body) -> Result<Bytes, StoreError> {
+        match body {
+            Body::Held(content) => Ok(content),
+            Body::File(reader) => self.on_store(move |_| reader.read_all()).await?,
+        }
+    }
+
+    /// The next chunk of at most `max` bytes from `reader` and the reader to read on with, or
+    /// `None` at the end (see [`ContentReader::next_chunk`]); read on the blocking pool.
+    pub async fn next_chunk(
+        &self,
+        mut reader: Box<ContentReader>,
+        max: usize,
+    ) -> Result<Option<(Bytes, Box<ContentReader>)>, StoreError> {
+        let (reader, chunk) = blocking(self.inner.inline_store, move || {
+            let chunk = reader.next_chunk(max);
+            (reader, chunk)
+        })
+        .await
+        .ok_or(StoreError::Stopped)?;
+        Ok(chunk?.map(|chunk| (chunk, reader)))
     }
 }
 

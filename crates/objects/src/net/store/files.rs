@@ -72,7 +72,7 @@ impl Files {
         })
     }
 
-    fn path(&self, id: u64) -> PathBuf {
+    pub(super) fn path(&self, id: u64) -> PathBuf {
         self.dir.join(format!("{id:016x}"))
     }
 
@@ -117,6 +117,17 @@ impl Files {
         let path = self.path(id);
         match std::fs::read(&path) {
             Ok(content) => Ok(Some(Bytes::from(content))),
+            Err(source) if source.kind() == ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(StoreError::File { path, source }),
+        }
+    }
+
+    /// File `id` opened for reading; `Ok(None)` if there is no such file (as for
+    /// [`Files::read`]). The open file stays readable when a later commit removes it.
+    pub(super) fn open_file(&self, id: u64) -> Result<Option<File>, StoreError> {
+        let path = self.path(id);
+        match File::open(&path) {
+            Ok(file) => Ok(Some(file)),
             Err(source) if source.kind() == ErrorKind::NotFound => Ok(None),
             Err(source) => Err(StoreError::File { path, source }),
         }
