@@ -3,7 +3,7 @@
 mod support;
 
 use bytes::Bytes;
-use meshwire::{Node, PeerChange, ProtocolId, SendError, SubscribeError};
+use meshwire::{Node, PeerChange, ProtocolId, RequestError, SendError, SubscribeError};
 use support::*;
 
 const CHAT: ProtocolId = ProtocolId(1);
@@ -177,4 +177,67 @@ async fn datagrams_reach_only_the_subscriber_of_their_protocol() {
         b.datagrams_dropped() >= 1,
         "the unheard protocol's datagrams were dropped"
     );
+}
+
+#[tokio::test]
+async fn requests_and_answers_in_two_pieces_arrive_whole() {
+    let a = start(1);
+    let b = start(2);
+    // The answer is the request's last byte, then the whole request: two pieces.
+    b.handle_parts(ECHO, |_, body| async move {
+        let last = body.slice(body.len().saturating_sub(1)..);
+        Ok((last, body))
+    })
+    .unwrap();
+    connect(&a, &b).await;
+    let content = Bytes::from(vec![7u8; 300_000]);
+    for (head, body) in [
+        (Bytes::from_static(b"head:"), content.clone()),
+        (Bytes::new(), Bytes::from_static(b"body only")),
+        (Bytes::from_static(b"head only"), Bytes::new()),
+    ] {
+        let answer = a
+            .request_parts(b.peer_id(), ECHO, head.clone(), body.clone(), PATIENCE)
+            .await
+            .unwrap();
+        let sent = [head, body].concat();
+        assert_eq!(answer[0], *sent.last().unwrap());
+        assert_eq!(answer[1..], sent[..]);
+    }
+}
+
+#[tokio::test]
+async fn a_request_that_finds_the_responders_budget_full_is_refused_as_busy() {
+    let a = start(1);
+    let mut small = config(2);
+    small.limits.max_payload_bytes = 64 * 1024;
+    small.inbound_request_bytes = 100 * 1024;
+    let b = Node::bind(small, loopback()).unwrap();
+    // The handler holds each request until released: the first holds 60 KiB of the budget.
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let arrived = std::sync::Arc::new(tokio::sync::Notify::new());
+    let (held, seen) = (release.clone(), arrived.clone());
+    b.handle(ECHO, move |_, body| {
+        let (held, seen) = (held.clone(), seen.clone());
+        async move {
+            seen.notify_one();
+            held.notified().await;
+            Ok(body)
+        }
+    })
+    .unwrap();
+    connect(&a, &b).await;
+    let payload = Bytes::from(vec![1u8; 60 * 1024]);
+    let first = tokio::spawn({
+        let (a, b, payload) = (a.clone(), b.peer_id(), payload.clone());
+        async move { a.request(b, ECHO, payload, PATIENCE).await }
+    });
+    arrived.notified().await;
+    let second = a
+        .request(b.peer_id(), ECHO, payload.clone(), PATIENCE)
+        .await;
+    assert!(matches!(second, Err(RequestError::Busy(_))), "{second:?}");
+    assert_eq!(b.metrics().dropped_count("request_budget"), 1);
+    release.notify_one();
+    assert_eq!(first.await.unwrap().unwrap(), payload);
 }

@@ -49,7 +49,10 @@
 //!   satisfy `1 <= W <= R` and `1 <= read quorum <= R`, or the node refuses to start.
 //! - Write (`PUT`): version = a tick of this node's hybrid clock after observing the version it
 //!   holds (unless that one is beyond the skew), so a later write through any member wins and a
-//!   rewrite through the same node advances. Sent to all replicas at once. A replica **acks only
+//!   rewrite through the same node advances. Sent to all replicas at once, the content from the
+//!   body's own buffer (not copied into each message); a replica that refuses a store unread as
+//!   busy (its node's request budget full) gets it again after a pause (10 ms, doubling to
+//!   160 ms) within the deadline, as do compare-and-set phases and repairs. A replica **acks only
 //!   when it now holds exactly this version and hash**, after a durable commit; one that holds a
 //!   winning copy (newer version, or the same version with a smaller hash) answers *superseded*,
 //!   which is not an ack. **`201` means durable on W replicas.** The remaining replicas finish in

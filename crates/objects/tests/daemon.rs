@@ -328,3 +328,52 @@ async fn a_graceful_shutdown_compacts_a_store_whose_content_shrank() {
     }
     restarted.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn writes_a_busy_replica_refused_are_sent_again_and_acknowledged() {
+    // Replica B has room for one store request at a time (its request budget holds one largest
+    // frame); eight concurrent writes through A all need B's ack (W = R = 2).
+    let objects = ObjectConfig {
+        replication: 2,
+        write_quorum: 2,
+        read_quorum: 1,
+        max_object_bytes: 1 << 19 | 1 << 18 | 1 << 17,
+        ..ObjectConfig::default()
+    };
+    let a = start(objects, None).await.unwrap();
+    let b = Daemon::builder(objects)
+        .bind(loopback(), |config| {
+            config.limits.max_payload_bytes = 1 << 20;
+            config.inbound_request_bytes = (1 << 20) + 4096;
+        })
+        .await
+        .unwrap();
+    let ids = [a.node().peer_id(), b.node().peer_id()];
+    for daemon in [&a, &b] {
+        daemon.service().set_members(ids);
+    }
+    support::mesh(&[&a, &b]).await;
+    let writes = (0..8).map(|i| {
+        let service = a.service().clone();
+        async move {
+            let content = Bytes::from(vec![i as u8; 700 << 10]);
+            service.put(&format!("large-{i}"), content).await
+        }
+    });
+    for (i, outcome) in futures_util::future::join_all(writes)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(outcome.unwrap().acks, 2, "large-{i}");
+    }
+    assert!(
+        b.node().metrics().dropped_count("request_budget") > 0,
+        "no store found B's budget full: the test did not exercise a busy replica"
+    );
+    for i in 0..8 {
+        let held = b.service().get_local(&format!("large-{i}")).unwrap();
+        assert_eq!(held.content, vec![i as u8; 700 << 10]);
+    }
+    shutdown(vec![a, b]).await;
+}

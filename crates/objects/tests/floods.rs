@@ -512,7 +512,7 @@ fn oversized_store_frames_are_refused_unread() {
             Err(RequestError::Remote(ref text)) if text.contains("malformed") => {
                 malformed.set(malformed.get() + 1);
             }
-            Err(RequestError::Remote(ref text)) if text.starts_with("busy") => {
+            Err(RequestError::Busy(_)) => {
                 busy.set(busy.get() + 1);
             }
             other => panic!("store over max_object_bytes {i}: {other:?}"),

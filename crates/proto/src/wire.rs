@@ -102,6 +102,9 @@ pub enum ErrorCode {
     TooLarge = 3,
     /// The responder could not decode the request.
     Malformed = 4,
+    /// The responder had no room for the request at the moment (its request budget was full):
+    /// the request was not read, and may be sent again later.
+    Busy = 5,
 }
 
 impl ErrorCode {
@@ -112,6 +115,7 @@ impl ErrorCode {
             2 => Ok(Self::NoHandler),
             3 => Ok(Self::TooLarge),
             4 => Ok(Self::Malformed),
+            5 => Ok(Self::Busy),
             other => Err(WireError::UnknownErrorCode(other)),
         }
     }
@@ -196,8 +200,23 @@ pub struct EncodedMessage {
 impl EncodedMessage {
     /// Encodes `header` and takes `payload` by reference count, after checking the payload limit.
     pub fn encode(header: &MsgHeader, payload: Bytes, limits: &Limits) -> Result<Self, WireError> {
-        check_payload_len(payload.len() as u64, limits)?;
-        let body_len = (MIN_BODY_LEN + payload.len()) as u32;
+        Ok(Self {
+            head: Self::encode_head(header, payload.len(), limits)?,
+            payload,
+        })
+    }
+
+    /// The head (frame header and message header) of a message whose payload is `payload_len`
+    /// bytes, after checking the payload limit: for a sender that writes the destination and the
+    /// payload's pieces after it itself (a request whose header and content are separate
+    /// buffers, so the content is not copied to join them).
+    pub fn encode_head(
+        header: &MsgHeader,
+        payload_len: usize,
+        limits: &Limits,
+    ) -> Result<Bytes, WireError> {
+        check_payload_len(payload_len as u64, limits)?;
+        let body_len = (MIN_BODY_LEN + payload_len) as u32;
         let mut head = BytesMut::with_capacity(HEAD_LEN);
         head.put_slice(&MAGIC);
         head.put_u8(WIRE_VERSION);
@@ -208,10 +227,7 @@ impl EncodedMessage {
         head.put_u16_le(0);
         head.put_u32_le(header.protocol.0);
         head.put_u64_le(header.message_id);
-        Ok(Self {
-            head: head.freeze(),
-            payload,
-        })
+        Ok(head.freeze())
     }
 
     /// The three chunks of this message's frame for one destination: head, `dst`, payload.
@@ -252,6 +268,11 @@ impl Destination {
         // An owner-backed `Bytes` is reference-counted from the start: unlike a `Vec`-backed one,
         // its first clone does not allocate, so no destination ever costs an allocation per send.
         Self(Bytes::from_owner(*peer.as_bytes()))
+    }
+
+    /// The field's bytes, shared.
+    pub fn bytes(&self) -> Bytes {
+        self.0.clone()
     }
 }
 
@@ -603,6 +624,18 @@ mod tests {
         let mut buffer = BytesMut::from(&head[..]);
         assert!(decoder.decode(&mut buffer).is_err());
         assert!(buffer.capacity() < 1024);
+    }
+
+    #[test]
+    fn every_error_code_round_trips() {
+        use ErrorCode::*;
+        for code in [Handler, NoHandler, TooLarge, Malformed, Busy] {
+            let payload = encode_error_payload(code, "why");
+            assert_eq!(
+                decode_error_payload(&payload),
+                Ok((code, "why".to_string()))
+            );
+        }
     }
 
     #[test]

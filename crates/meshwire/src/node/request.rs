@@ -60,6 +60,10 @@ pub enum RequestError {
     /// The peer found the request malformed (the peer's words).
     #[error("the peer found the request malformed: {0}")]
     RemoteMalformed(String),
+    /// The peer had no room for the request and did not read it (its request budget was full):
+    /// sending it again later may succeed (the peer's words).
+    #[error("the peer was busy: {0}")]
+    Busy(String),
 }
 
 impl RequestError {
@@ -70,6 +74,7 @@ impl RequestError {
             Self::Refused(_) => "refused",
             Self::TooLarge(_) | Self::RemoteTooLarge(_) => "too_large",
             Self::Remote(_) => "remote_error",
+            Self::Busy(_) => "busy",
             Self::ConnectionLost(_)
             | Self::WriteFailed(_)
             | Self::ReadFailed(_)
@@ -92,10 +97,27 @@ impl Node {
         body: Bytes,
         deadline: Duration,
     ) -> Result<Bytes, RequestError> {
+        self.request_parts(peer, protocol, Bytes::new(), body, deadline)
+            .await
+    }
+
+    /// [`Node::request`] with the payload in two pieces, `head` then `body`, written one after the
+    /// other without joining them: a large `body` (an object's content after its header) is sent
+    /// from its own buffer, never copied into a new one.
+    pub async fn request_parts(
+        &self,
+        peer: PeerId,
+        protocol: ProtocolId,
+        head: Bytes,
+        body: Bytes,
+        deadline: Duration,
+    ) -> Result<Bytes, RequestError> {
         let started = Instant::now();
         let result = match tokio::time::timeout(
             deadline,
-            self.inner.clone().request_once(peer, protocol, body),
+            self.inner
+                .clone()
+                .request_once(peer, protocol, [head, body]),
         )
         .await
         {
@@ -121,7 +143,7 @@ impl Inner {
         self: Arc<Self>,
         peer: PeerId,
         protocol: ProtocolId,
-        body: Bytes,
+        payload: [Bytes; 2],
     ) -> Result<Bytes, RequestError> {
         let (connection, dst) = self.current(peer).ok_or(RequestError::NotConnected(peer))?;
         let message_id = self.next_id();
@@ -131,15 +153,23 @@ impl Inner {
             protocol,
             message_id,
         };
-        let message = EncodedMessage::encode(&header, body, &self.config.limits)
+        let payload_len: usize = payload.iter().map(Bytes::len).sum();
+        let head = EncodedMessage::encode_head(&header, payload_len, &self.config.limits)
             .map_err(RequestError::TooLarge)?;
+        // Empty pieces are left out: a write of nothing but empty chunks could wait on flow
+        // control for nothing.
+        let mut chunks: Vec<Bytes> = [head, dst.bytes()]
+            .into_iter()
+            .chain(payload)
+            .filter(|chunk| !chunk.is_empty())
+            .collect();
         let (mut send, mut recv) = connection
             .open_bi()
             .await
             .map_err(RequestError::ConnectionLost)?;
         // A responder that refuses a request from its header (one over its frame limit) stops
         // reading it and still answers: after a stopped write, that answer is read.
-        let stopped = match send.write_all_chunks(&mut message.chunks_for(&dst)).await {
+        let stopped = match send.write_all_chunks(&mut chunks).await {
             Ok(()) => {
                 let _ = send.finish();
                 None
@@ -149,7 +179,7 @@ impl Inner {
         };
         let counters = self.metrics.peer_counters(&peer);
         self.metrics
-            .count_sent(&counters, message.frame_len() as u64);
+            .count_sent(&counters, (wire::FRAME_OVERHEAD + payload_len) as u64);
         let frame = match read_frame(&mut recv, &self.config.limits).await {
             Ok(Some(frame)) => frame,
             Ok(None) | Err(ReadFrameError::Stream(_)) if stopped.is_some() => {
@@ -178,6 +208,7 @@ impl Inner {
                 Ok((ErrorCode::NoHandler, reason)) => Err(RequestError::Refused(reason)),
                 Ok((ErrorCode::TooLarge, reason)) => Err(RequestError::RemoteTooLarge(reason)),
                 Ok((ErrorCode::Malformed, reason)) => Err(RequestError::RemoteMalformed(reason)),
+                Ok((ErrorCode::Busy, reason)) => Err(RequestError::Busy(reason)),
                 Err(error) => {
                     self.protocol_violation(&connection, peer, wire_error_label(&error));
                     Err(RequestError::Malformed(error))

@@ -37,7 +37,8 @@ pub enum HandlerError {
     Failed(ServiceError),
 }
 
-type HandlerFuture = Pin<Box<dyn Future<Output = Result<Bytes, HandlerError>> + Send>>;
+/// An answer in two pieces, written one after the other (see [`Node::handle_parts`]).
+type HandlerFuture = Pin<Box<dyn Future<Output = Result<[Bytes; 2], HandlerError>> + Send>>;
 pub(super) type Handler = Arc<dyn Fn(PeerId, Bytes) -> HandlerFuture + Send + Sync>;
 
 impl Attachment for Handler {
@@ -55,7 +56,29 @@ impl Node {
         F: Fn(PeerId, Bytes) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Bytes, HandlerError>> + Send + 'static,
     {
-        let handler: Handler = Arc::new(move |peer, body| Box::pin(handler(peer, body)));
+        let handler: Handler = Arc::new(move |peer, body| {
+            let answer = handler(peer, body);
+            Box::pin(async move { answer.await.map(|body| [Bytes::new(), body]) })
+        });
+        self.inner.handlers.attach(protocol, handler)
+    }
+
+    /// [`Node::handle`] for a handler whose answer comes in two pieces, a head and a body, sent
+    /// one after the other without joining them: a large body (an object's content after its
+    /// header) is answered from its own buffer, never copied into a new one.
+    pub fn handle_parts<F, Fut>(
+        &self,
+        protocol: ProtocolId,
+        handler: F,
+    ) -> Result<(), SubscribeError>
+    where
+        F: Fn(PeerId, Bytes) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(Bytes, Bytes), HandlerError>> + Send + 'static,
+    {
+        let handler: Handler = Arc::new(move |peer, body| {
+            let answer = handler(peer, body);
+            Box::pin(async move { answer.await.map(|(head, body)| [head, body]) })
+        });
         self.inner.handlers.attach(protocol, handler)
     }
 
@@ -86,7 +109,7 @@ impl Inner {
             Kind::ErrorResponse,
             ProtocolId(0),
             0,
-            reply,
+            [Bytes::new(), reply],
             &limits,
         )
         .await;
@@ -132,8 +155,8 @@ impl Inner {
                     &mut send,
                     &mut recv,
                     remote,
-                    ErrorCode::Handler,
-                    "busy: the inbound request budget is full, retry later",
+                    ErrorCode::Busy,
+                    "the inbound request budget is full, retry later",
                 )
                 .await;
                 return;
@@ -167,27 +190,30 @@ impl Inner {
         }
         let protocol = frame.header.protocol;
         let handler = self.handlers.get(protocol);
-        let (kind, body) = match handler {
-            None => (
+        let error = |code, text: &str| {
+            (
                 Kind::ErrorResponse,
-                wire::encode_error_payload(
-                    ErrorCode::NoHandler,
-                    &format!("no handler for protocol {}", protocol.0),
-                ),
+                [Bytes::new(), wire::encode_error_payload(code, text)],
+            )
+        };
+        let (kind, body) = match handler {
+            None => error(
+                ErrorCode::NoHandler,
+                &format!("no handler for protocol {}", protocol.0),
             ),
             Some(handler) => match handler(remote, frame.payload).await {
-                Ok(body) if body.len() as u64 > u64::from(limits.max_payload_bytes) => (
-                    Kind::ErrorResponse,
-                    wire::encode_error_payload(
-                        ErrorCode::TooLarge,
-                        &format!("response of {} bytes exceeds the limit", body.len()),
-                    ),
-                ),
-                Ok(body) => (Kind::Response, body),
-                Err(error) => (
-                    Kind::ErrorResponse,
-                    wire::encode_error_payload(ErrorCode::Handler, &error.to_string()),
-                ),
+                Ok(parts) => {
+                    let len: u64 = parts.iter().map(|part| part.len() as u64).sum();
+                    if len > u64::from(limits.max_payload_bytes) {
+                        error(
+                            ErrorCode::TooLarge,
+                            &format!("response of {len} bytes exceeds the limit"),
+                        )
+                    } else {
+                        (Kind::Response, parts)
+                    }
+                }
+                Err(failure) => error(ErrorCode::Handler, &failure.to_string()),
             },
         };
         self.respond(
@@ -210,7 +236,7 @@ impl Inner {
         kind: Kind,
         protocol: ProtocolId,
         message_id: u64,
-        body: Bytes,
+        [head, body]: [Bytes; 2],
         limits: &Limits,
     ) {
         let header = MsgHeader {
@@ -225,18 +251,19 @@ impl Inner {
         } else {
             body
         };
-        let Ok(message) = EncodedMessage::encode(&header, body, limits) else {
+        let payload_len = head.len() + body.len();
+        let Ok(frame_head) = EncodedMessage::encode_head(&header, payload_len, limits) else {
             return;
         };
-        let dst = Destination::new(&remote);
-        if send
-            .write_all_chunks(&mut message.chunks_for(&dst))
-            .await
-            .is_ok()
-        {
+        // Empty pieces are left out (a write of only empty chunks could wait for nothing).
+        let mut chunks: Vec<Bytes> = [frame_head, Destination::new(&remote).bytes(), head, body]
+            .into_iter()
+            .filter(|chunk| !chunk.is_empty())
+            .collect();
+        if send.write_all_chunks(&mut chunks).await.is_ok() {
             let counters = self.metrics.peer_counters(&remote);
             self.metrics
-                .count_sent(&counters, message.frame_len() as u64);
+                .count_sent(&counters, (wire::FRAME_OVERHEAD + payload_len) as u64);
         }
         let _ = send.finish();
     }

@@ -548,7 +548,7 @@ impl ObjectService {
         let weak = Arc::downgrade(&service.inner);
         // FETCH, STORE and CAS touch the store: they run on the blocking pool (FETCH only when
         // the object cache does not hold the object).
-        node.handle(FETCH, move |peer, body| {
+        node.handle_parts(FETCH, move |peer, body| {
             let service = upgrade(&weak);
             async move { service?.serve_fetch_offloaded(peer, body).await }
         })?;
@@ -847,14 +847,6 @@ fn stamp_of<B>(fetched: &Fetched<B>) -> Option<Stamp> {
         Fetched::Absent => None,
         Fetched::Present { stamp, .. } => Some(*stamp),
     }
-}
-
-fn encode_fetched(clock: u64, mode: FetchMode, held: Option<&StoredObject>) -> Bytes {
-    let mut out = object::encode_fetched_header(clock, held.map(|o| &o.stamp));
-    if let (FetchMode::Full, Some(object)) = (mode, held) {
-        out.extend_from_slice(&object.content);
-    }
-    Bytes::from(out)
 }
 
 fn upgrade(weak: &std::sync::Weak<Inner>) -> Result<ObjectService, HandlerError> {

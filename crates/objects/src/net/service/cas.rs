@@ -306,17 +306,16 @@ impl ObjectService {
         let mut config = self.write_plan(replicas.len());
         config.quorum = needed.clamp(1, replicas.len().max(1));
         let clock = self.tick().map_err(ObjectServiceError::Clock)?;
-        let mut message = cas::encode_cas_header(clock, phase, key, &stamp);
-        message.extend_from_slice(&content);
-        let message = Bytes::from(message);
+        // The content follows the header from its own buffer (never copied to join them).
+        let header = Bytes::from(cas::encode_cas_header(clock, phase, key, &stamp));
         let me = self.inner.node.peer_id();
         let service = self.clone();
         let key = key.to_string();
         let shared = tally.clone();
         let ask = move |peer: PeerId| {
-            let (service, message, content, key) = (
+            let (service, header, content, key) = (
                 service.clone(),
-                message.clone(),
+                header.clone(),
                 content.clone(),
                 key.clone(),
             );
@@ -325,12 +324,7 @@ impl ObjectService {
                 let answer = if peer == me {
                     service.cas_local(me, phase, &key, stamp, content)?
                 } else {
-                    let deadline = service.inner.config.deadline;
-                    let reply = service
-                        .inner
-                        .node
-                        .request(peer, CAS, message, deadline)
-                        .await?;
+                    let reply = service.request_replica(peer, CAS, header, content).await?;
                     let (clock, answer) = cas::decode_cas_answer(&reply)?;
                     service.accept_answer(peer, clock, None)?;
                     answer.map_err(|reason: Refusal| {

@@ -562,18 +562,10 @@ impl ObjectService {
             return Ok(false);
         };
         let clock = self.tick()?;
-        let mut message = object::encode_store_header(clock, key, &object.stamp);
-        message.extend_from_slice(&object.content);
-        self.count_sent(message.len());
+        let header = Bytes::from(object::encode_store_header(clock, key, &object.stamp));
+        self.count_sent(header.len() + object.content.len());
         let reply = self
-            .inner
-            .node
-            .request(
-                peer,
-                STORE,
-                Bytes::from(message),
-                self.inner.config.deadline,
-            )
+            .request_replica(peer, STORE, header, object.content)
             .await?;
         self.count_received(reply.len());
         let answer = decode_stored(&reply)?;

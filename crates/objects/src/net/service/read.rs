@@ -311,9 +311,7 @@ impl ObjectService {
         let Ok(clock) = self.tick() else {
             return;
         };
-        let mut message = object::encode_store_header(clock, &key, &object.stamp);
-        message.extend_from_slice(&object.content);
-        let message = Bytes::from(message);
+        let header = Bytes::from(object::encode_store_header(clock, &key, &object.stamp));
         for peer in stale {
             let result: Result<(), ReplicaError> = if peer == me {
                 let (key, object) = (key.clone(), object.clone());
@@ -323,7 +321,8 @@ impl ObjectService {
                     .map(|_| ())
                     .map_err(ReplicaError::from)
             } else {
-                self.repair_one(peer, message.clone()).await
+                self.repair_one(peer, header.clone(), object.content.clone())
+                    .await
             };
             if let Err(error) = result {
                 tracing::debug!(peer = %peer.short(), %key, %error, "read repair failed");
@@ -332,25 +331,28 @@ impl ObjectService {
     }
 
     /// Sends one stale replica the winning copy; a refusal or a newer copy there is its answer.
-    async fn repair_one(&self, peer: PeerId, message: Bytes) -> Result<(), ReplicaError> {
-        match self.store_at(peer, message).await? {
+    async fn repair_one(
+        &self,
+        peer: PeerId,
+        header: Bytes,
+        content: Bytes,
+    ) -> Result<(), ReplicaError> {
+        match self.store_at(peer, header, content).await? {
             Stored::Holds => Ok(()),
             Stored::Superseded(held) => Err(ReplicaError::Superseded { held }),
         }
     }
 
-    /// Sends `message` (a store request) to the replica `peer` and checks its answer: its clock
-    /// is accepted, and a refusal is counted and returned as that replica's failure.
+    /// Sends the replica `peer` a store request (`header`, then `content` from its own buffer) and
+    /// checks its answer: its clock is accepted, and a refusal is counted and returned as that
+    /// replica's failure.
     pub(super) async fn store_at(
         &self,
         peer: PeerId,
-        message: Bytes,
+        header: Bytes,
+        content: Bytes,
     ) -> Result<Stored, ReplicaError> {
-        let reply = self
-            .inner
-            .node
-            .request(peer, STORE, message, self.inner.config.deadline)
-            .await?;
+        let reply = self.request_replica(peer, STORE, header, content).await?;
         let answer = decode_stored(&reply)?;
         self.accept_answer(peer, answer.clock, None)?;
         answer.answer.map_err(|reason| {

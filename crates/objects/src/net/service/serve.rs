@@ -14,7 +14,7 @@ use crate::net::store::{StoreError, StoredObject};
 use crate::proto::clock::ClockError;
 use crate::proto::object::{self, FetchMode, FetchRequest, ObjectError, Refusal, Stamp, Stored};
 
-use super::{encode_fetched, lock, ObjectService, ReasonLabel};
+use super::{lock, ObjectService, ReasonLabel};
 
 /// The refusal that answers a clock error.
 pub(super) fn refusal_of(error: ClockError) -> Refusal {
@@ -37,24 +37,30 @@ impl ObjectService {
                 .store
                 .checked_stamp(request.key)
                 .map_err(handler_error)?;
-            return self.answer_stamp(stamp);
+            return self.answer_stamp(stamp).map(|(head, _)| head);
         }
         let held = self.inner.store.get(request.key).map_err(handler_error)?;
-        self.answer_fetch(request.mode, held.as_ref())
+        let (head, content) = self.answer_fetch(request.mode, held)?;
+        let mut answer = Vec::with_capacity(head.len() + content.len());
+        answer.extend_from_slice(&head);
+        answer.extend_from_slice(&content);
+        Ok(Bytes::from(answer))
     }
 
     /// [`Self::serve_fetch`] as the node's handler runs it: decoding, the gate and an object the
     /// cache holds are answered on the calling task; only a cache miss reads the store, on the
     /// blocking pool. A hot object then costs a remote reader no hand-off to another thread and
     /// back (on the 2-core loopback cluster of `bench/http.sh`, two context switches per read).
+    /// The answer is its header and the content as held (shared with the object cache), sent
+    /// without joining them.
     pub(super) async fn serve_fetch_offloaded(
         &self,
         peer: PeerId,
         body: Bytes,
-    ) -> Result<Bytes, HandlerError> {
+    ) -> Result<(Bytes, Bytes), HandlerError> {
         let request = match self.admit_fetch(peer, &body) {
             Ok(request) => request,
-            Err(answer) => return answer,
+            Err(answer) => return answer.map(|answer| (answer, Bytes::new())),
         };
         if request.mode == FetchMode::Metadata {
             // Version and hash, the content checked without holding it whole.
@@ -78,7 +84,7 @@ impl ObjectService {
                     .map_err(handler_error)?
             }
         };
-        self.answer_fetch(request.mode, held.as_ref())
+        self.answer_fetch(request.mode, held)
     }
 
     /// Decodes `peer`'s fetch request and passes it through the gate: the request to answer, or
@@ -96,23 +102,27 @@ impl ObjectService {
         }
     }
 
-    /// The answer to an admitted fetch request, stamped with this node's clock.
+    /// The answer to an admitted fetch request, stamped with this node's clock: its header, and
+    /// the content in full mode.
     fn answer_fetch(
         &self,
         mode: FetchMode,
-        held: Option<&StoredObject>,
-    ) -> Result<Bytes, HandlerError> {
-        let clock = self.tick().map_err(handler_error)?;
-        Ok(encode_fetched(clock, mode, held))
+        held: Option<StoredObject>,
+    ) -> Result<(Bytes, Bytes), HandlerError> {
+        match held {
+            Some(object) if mode == FetchMode::Full => {
+                let (head, _) = self.answer_stamp(Some(object.stamp))?;
+                Ok((head, object.content))
+            }
+            held => self.answer_stamp(held.map(|object| object.stamp)),
+        }
     }
 
-    /// The answer to an admitted metadata fetch: `stamp`, or absent.
-    fn answer_stamp(&self, stamp: Option<Stamp>) -> Result<Bytes, HandlerError> {
+    /// The answer to an admitted metadata fetch: `stamp`, or absent (and no content).
+    fn answer_stamp(&self, stamp: Option<Stamp>) -> Result<(Bytes, Bytes), HandlerError> {
         let clock = self.tick().map_err(handler_error)?;
-        Ok(Bytes::from(object::encode_fetched_header(
-            clock,
-            stamp.as_ref(),
-        )))
+        let head = Bytes::from(object::encode_fetched_header(clock, stamp.as_ref()));
+        Ok((head, Bytes::new()))
     }
 
     /// Stores a copy sent by `peer` if it wins over the local one, or refuses it. Answers
