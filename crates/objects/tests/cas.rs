@@ -281,3 +281,83 @@ async fn a_commit_that_finds_its_write_already_held_is_acknowledged() {
         daemon.shutdown().await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn a_prepare_that_arrives_after_its_commit_or_abort_is_never_held() {
+    use bytes::Bytes;
+    use meshwire_objects::proto::cas::{
+        decode_cas_answer, encode_cas_header, CasAnswer, Phase, Precondition,
+    };
+    use meshwire_objects::proto::object::{content_hash, Stamp};
+
+    let daemons = cluster().await;
+    let target = daemons[1].node().peer_id();
+    let stamp_of = |version: u64, content: &[u8]| Stamp {
+        version,
+        hash: content_hash(content),
+    };
+    // `from` sends one phase of its conditional write of `key` to the target.
+    let send = |from: usize, phase: Phase, key: &'static str, stamp: Stamp, content: &[u8]| {
+        let mut message = encode_cas_header(1, phase, key, &stamp);
+        message.extend_from_slice(content);
+        let node = daemons[from].node().clone();
+        async move {
+            let reply = node
+                .request(
+                    target,
+                    meshwire::protocols::OBJECT_CAS,
+                    Bytes::from(message),
+                    std::time::Duration::from_secs(5),
+                )
+                .await
+                .unwrap();
+            decode_cas_answer(&reply).unwrap().1.unwrap()
+        }
+    };
+    // The commit overtakes its prepare: nothing to apply yet.
+    let first = stamp_of(5, b"committed");
+    assert_eq!(
+        send(0, Phase::Commit, "late", first, b"").await,
+        CasAnswer::Mismatch(None)
+    );
+    // The late prepare is applied at once, not held...
+    let prepare = Phase::Prepare(Precondition::Absent);
+    assert_eq!(
+        send(0, prepare, "late", first, b"committed").await,
+        CasAnswer::Done
+    );
+    assert_eq!(
+        daemons[1].service().get_local("late").unwrap().content,
+        "committed"
+    );
+    // ...so another coordinator's conditional write on the key is not refused as busy.
+    let next = stamp_of(6, b"next");
+    let after_first = Phase::Prepare(Precondition::Matches(first));
+    assert_eq!(
+        send(2, after_first, "late", next, b"next").await,
+        CasAnswer::Done
+    );
+    assert_eq!(
+        send(2, Phase::Abort, "late", next, b"").await,
+        CasAnswer::Done
+    );
+    // An abort that overtakes its prepare: the late prepare is not held either.
+    let aborted = stamp_of(5, b"aborted");
+    assert_eq!(
+        send(0, Phase::Abort, "gone", aborted, b"").await,
+        CasAnswer::Done
+    );
+    assert_eq!(
+        send(0, prepare, "gone", aborted, b"aborted").await,
+        CasAnswer::Done
+    );
+    let other = stamp_of(7, b"other");
+    assert_eq!(
+        send(2, prepare, "gone", other, b"other").await,
+        CasAnswer::Done
+    );
+    assert!(daemons[1].service().get_local("gone").is_err());
+    for daemon in daemons {
+        daemon.shutdown().await.unwrap();
+    }
+}

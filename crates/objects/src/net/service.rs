@@ -446,7 +446,7 @@ impl ObjectService {
                 clock: Mutex::new(HybridClock::new(config.max_clock_skew)),
                 physical: options.clock,
                 inline_store: options.inline_store,
-                pending: Mutex::new(cas::PendingWrites::new()),
+                pending: Mutex::new(cas::PendingWrites::default()),
                 scores: Arc::new(Mutex::new(PeerScores::new(config.scores))),
                 rng: Mutex::new(rng),
                 metrics: ObjectMetrics::default(),

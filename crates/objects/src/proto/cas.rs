@@ -17,6 +17,11 @@
 //!    acknowledges it too. `201` at W commits.
 //!    Fewer than W prepares: **abort** to every replica, and nothing was written (`412` when a
 //!    replica reported a mismatch, `409` when only other pending writes were in the way).
+//! 3. **Late prepares.** The phases travel on separate streams, so a commit or abort can reach a
+//!    replica before its prepare. A replica remembers such a decision (for twice the deadline, at
+//!    most 4,096 of them) and, when the prepare arrives, applies a committed write at once (its
+//!    precondition checked in the store's transaction) or drops an aborted one: a late prepare
+//!    is never held, so it never blocks the key for the conditional writes that follow.
 //!
 //! Messages (little-endian; every message starts with the sender's hybrid clock, like the other
 //! object messages in [`crate::proto::object`]):

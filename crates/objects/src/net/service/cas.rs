@@ -32,8 +32,28 @@ pub(super) struct Pending {
 /// answered busy, so peers cannot grow this node's memory without bound.
 const MAX_PENDING_BYTES: usize = 64 * 1024 * 1024;
 
-/// The prepared conditional writes of one node, by key.
-pub(super) type PendingWrites = HashMap<String, Pending>;
+/// A commit or abort that found nothing prepared on this node: its prepare may still be on its
+/// way (the phases travel on separate streams, so a commit can overtake its prepare).
+#[derive(Debug, Clone)]
+struct Decided {
+    owner: PeerId,
+    stamp: Stamp,
+    /// Committed (the write is to be applied when its prepare arrives) or aborted.
+    commit: bool,
+    expires: Instant,
+}
+
+/// Most commits and aborts a node remembers for prepares still on their way; beyond it they are
+/// not remembered (a late prepare then waits for its expiry, as before there was this memory).
+const MAX_DECIDED: usize = 4096;
+
+/// The prepared conditional writes of one node, by key, and the decisions that arrived before
+/// their prepares.
+#[derive(Debug, Default)]
+pub(super) struct PendingWrites {
+    held: HashMap<String, Pending>,
+    decided: HashMap<String, Decided>,
+}
 
 /// How the replicas answered one phase: mismatches (with the newest current copy seen) and busy.
 #[derive(Debug, Default)]
@@ -70,7 +90,13 @@ impl ObjectService {
         Ok(Bytes::from(cas::encode_cas_answer(clock, answer)))
     }
 
-    /// Runs one phase of a conditional write on this node's store.
+    /// Runs one phase of a conditional write on this node's store. Blocks (store reads and a
+    /// durable commit): the handler and the coordinator call it on the blocking pool.
+    ///
+    /// A commit or abort that finds nothing prepared is remembered (up to [`MAX_DECIDED`], for
+    /// twice the deadline): when its prepare arrives late, a committed write is applied at once
+    /// (its precondition checked in the store's transaction) and an aborted one is not held, so
+    /// a late prepare never leaves the key blocked for other conditional writes.
     fn cas_local(
         &self,
         owner: PeerId,
@@ -79,30 +105,48 @@ impl ObjectService {
         stamp: Stamp,
         content: Bytes,
     ) -> Result<CasAnswer, StoreError> {
-        let mut pending = lock(&self.inner.pending);
+        let mut state = lock(&self.inner.pending);
         let at = Instant::now();
-        pending.retain(|_, held| held.expires > at);
+        state.held.retain(|_, held| held.expires > at);
+        state.decided.retain(|_, decided| decided.expires > at);
+        let expires = at + 2 * self.inner.config.deadline;
+        let store = &self.inner.store;
         match phase {
             Phase::Prepare(precondition) => {
-                if let Some(held) = pending.get(key) {
+                if let Some(held) = state.held.get(key) {
                     return Ok(if held.owner == owner && held.stamp == stamp {
                         CasAnswer::Done
                     } else {
                         CasAnswer::Busy
                     });
                 }
-                let held_bytes: usize = pending.values().map(|held| held.content.len()).sum();
+                let decided = state
+                    .decided
+                    .get(key)
+                    .filter(|decided| decided.owner == owner && decided.stamp == stamp)
+                    .map(|decided| decided.commit);
+                if let Some(commit) = decided {
+                    state.decided.remove(key);
+                    if !commit {
+                        // Aborted already: nothing to hold.
+                        return Ok(CasAnswer::Done);
+                    }
+                    return Ok(match store.put_if(key, stamp, content, precondition)? {
+                        Ok(_) => CasAnswer::Done,
+                        Err(current) => committed_or_mismatch(stamp, current),
+                    });
+                }
+                let held_bytes: usize = state.held.values().map(|held| held.content.len()).sum();
                 if held_bytes + content.len() > MAX_PENDING_BYTES {
                     return Ok(CasAnswer::Busy);
                 }
-                let current = self.inner.store.stamp(key)?;
+                let current = store.checked_stamp(key)?;
                 if !precondition.holds(current.as_ref()) {
                     return Ok(CasAnswer::Mismatch(current));
                 }
                 // A prepared write outlives its coordinator's deadline, so a commit sent in time
                 // always finds it; a coordinator that vanished blocks the key for this long.
-                let expires = at + 2 * self.inner.config.deadline;
-                pending.insert(
+                state.held.insert(
                     key.to_string(),
                     Pending {
                         owner,
@@ -114,16 +158,11 @@ impl ObjectService {
                 );
                 Ok(CasAnswer::Done)
             }
-            Phase::Commit => match pending.remove(key) {
+            Phase::Commit => match state.held.remove(key) {
                 Some(held) if held.owner == owner && held.stamp == stamp => {
                     // The store checks the precondition again in the write's own transaction:
                     // an unconditional write may have landed since the prepare.
-                    let applied = self.inner.store.put_if(
-                        key,
-                        held.stamp,
-                        held.content,
-                        held.precondition,
-                    )?;
+                    let applied = store.put_if(key, held.stamp, held.content, held.precondition)?;
                     Ok(match applied {
                         Ok(_) => CasAnswer::Done,
                         Err(current) => committed_or_mismatch(stamp, current),
@@ -132,17 +171,24 @@ impl ObjectService {
                 other => {
                     // Another coordinator's pending write stays; this commit finds nothing to apply.
                     if let Some(theirs) = other {
-                        pending.insert(key.to_string(), theirs);
+                        state.held.insert(key.to_string(), theirs);
                     }
-                    Ok(committed_or_mismatch(stamp, self.inner.store.stamp(key)?))
+                    let answer = committed_or_mismatch(stamp, store.checked_stamp(key)?);
+                    if answer != CasAnswer::Done {
+                        state.remember(key, owner, stamp, true, expires);
+                    }
+                    Ok(answer)
                 }
             },
             Phase::Abort => {
-                if pending
+                if state
+                    .held
                     .get(key)
                     .is_some_and(|held| held.owner == owner && held.stamp == stamp)
                 {
-                    pending.remove(key);
+                    state.held.remove(key);
+                } else {
+                    state.remember(key, owner, stamp, false, expires);
                 }
                 Ok(CasAnswer::Done)
             }
@@ -322,7 +368,12 @@ impl ObjectService {
             let tally = shared.clone();
             async move {
                 let answer = if peer == me {
-                    service.cas_local(me, phase, &key, stamp, content)?
+                    let local = service.clone();
+                    super::store_calls::blocking(service.inner.inline_store, move || {
+                        local.cas_local(me, phase, &key, stamp, content)
+                    })
+                    .await
+                    .ok_or(StoreError::Stopped)??
                 } else {
                     let reply = service.request_replica(peer, CAS, header, content).await?;
                     let (clock, answer) = cas::decode_cas_answer(&reply)?;
@@ -363,5 +414,22 @@ fn committed_or_mismatch(stamp: Stamp, current: Option<Stamp>) -> CasAnswer {
         CasAnswer::Done
     } else {
         CasAnswer::Mismatch(current)
+    }
+}
+
+impl PendingWrites {
+    /// Remembers a commit or abort that found nothing prepared, unless [`MAX_DECIDED`] are.
+    fn remember(&mut self, key: &str, owner: PeerId, stamp: Stamp, commit: bool, expires: Instant) {
+        if self.decided.len() < MAX_DECIDED || self.decided.contains_key(key) {
+            self.decided.insert(
+                key.to_string(),
+                Decided {
+                    owner,
+                    stamp,
+                    commit,
+                    expires,
+                },
+            );
+        }
     }
 }
