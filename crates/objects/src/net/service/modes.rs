@@ -88,6 +88,12 @@ impl Modes {
         }
     }
 
+    /// Whether this node's own copy may come with its content when the object cache holds it
+    /// (a read's modes; a fetch in one mode for all gets what it asked for).
+    pub(super) fn reads_local_content(&self) -> bool {
+        matches!(self, Self::OneFull(_))
+    }
+
     pub(super) fn content_received(&self, object: StoredObject) {
         if let Self::OneFull(state) = self {
             // The newest copy is kept: a stale replica's content never hides the winner's.
