@@ -143,17 +143,22 @@ t1=$(date +%s.%N)
 python3 -c "print(f'restart_to_status_seconds {$t1 - $t0:.2f}  (target <= 2 s)')"
 echo "rss_after_restart_mb $(rss_mb VmRSS)"
 python3 - "$((port + 1))" "$work/sums" <<'PY'
-import hashlib, http.client, sys
+import hashlib, http.client, sys, time
 conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=60)
 bad = 0
 lines = open(sys.argv[2]).read().split("\n")
+start = time.monotonic()
 for line in filter(None, lines):
     key, digest = line.split()
     conn.request("GET", f"/objects/{key}")
     response = conn.getresponse(); body = response.read()
     if response.status != 200 or hashlib.sha256(body).hexdigest() != digest:
         bad += 1
-print(f"acknowledged_objects_checked {len(list(filter(None, lines)))}  wrong_or_missing {bad}")
+elapsed = time.monotonic() - start
+checked = len(list(filter(None, lines)))
+print(f"acknowledged_objects_checked {checked}  wrong_or_missing {bad}")
+print(f"read_back_seconds {elapsed:.1f}  ({checked * 8 / elapsed:.0f} MiB/s, one GET at a time,"
+      f" the client's SHA-256 included)")
 sys.exit(1 if bad else 0)
 PY
 

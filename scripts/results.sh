@@ -113,7 +113,7 @@ store_section() {
   printf 'each GET a distinct 8 MiB object, read 64 KiB and stall. The store is the redb file and the\n'
   printf 'content files of objects of 64 KiB or more.\n\n'
   printf '```\n'
-  grep -E '^(rss_|put_seconds|rewrote|content_mb|graceful_stop|compacted|after_graceful_stop|restart_|acknowledged_|slow_readers)' "$1"
+  grep -E '^(rss_|put_seconds|rewrote|content_mb|graceful_stop|compacted|after_graceful_stop|restart_|acknowledged_|read_back|slow_readers)' "$1"
   printf '```\n\nTargets (issue 19): RSS within the store budget (128 MiB) + 100 MB; store at most\n'
   printf '1.3x its content; restart after SIGKILL with a 1 GB store within 2 s. Before (issue 19,\n'
   printf 'debug build): RSS 1.1-1.26 GB after 100 PUTs of 8 MiB, a 1.7 GB file for 868 MB, restart 13 s.\n'

@@ -116,7 +116,7 @@
 //!   `objects.content/` (see [`net::store`]). Each write is one durable
 //!   transaction (a crash leaves the old or the new object, never a torn one); reads verify the
 //!   SHA-256 and report a damaged object as corrupt. A `GET` streams content from its content
-//!   file in 64 KiB chunks (checked before the read answers, and again as it streams), so a slow
+//!   file in 256 KiB chunks (checked before the read answers, and again as it streams), so a slow
 //!   reader of a large object holds a chunk, not the object. Writes and replication still hold
 //!   an object whole (bounded by `max_object_bytes` and the HTTP body budget). One memory budget (`store_memory_bytes`,
 //!   128 MiB) holds redb's page cache and a cache of hot objects (half each; objects up to a
@@ -131,7 +131,7 @@
 //! |---|---|
 //! | `PUT /objects/{key}` (body = content) | `201` `{"key","version","hash","etag","acks","replicas"}` |
 //! | `PUT /objects/{key}` with `If-Match: "<etag>"` or `If-None-Match: *` | compare-and-set: `201` only if the current copy is exactly that ETag (or absent); else `412`, or `409` when another conditional write on the key is in progress |
-//! | `GET /objects/{key}` | `200` content, streamed in 64 KiB chunks (from the content file when this node holds the winner in one; a file found damaged mid-stream cuts the response short of its `Content-Length`); headers `ETag` (`"<version>-<SHA-256 hex>"`), `x-meshwire-version`, `x-meshwire-answers` |
+//! | `GET /objects/{key}` | `200` content, streamed in 64 KiB chunks (256 KiB chunks from the content file when this node holds the winner in one; a file found damaged mid-stream cuts the response short of its `Content-Length`); headers `ETag` (`"<version>-<SHA-256 hex>"`), `x-meshwire-version`, `x-meshwire-answers` |
 //! | `GET /objects/{key}?local=true` or header `x-meshwire-read: local` | this node's copy only |
 //! | `GET /status` | peer id, peers (connected, configured, RTT, queued messages/bytes, latency estimate, error rate), store size, quorum settings, `members` (the cluster, this node included), `max_clock_skew_ms` |
 //! | `GET /peers` | the peers list of `/status` |
