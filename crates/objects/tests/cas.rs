@@ -3,7 +3,12 @@
 
 use std::net::SocketAddr;
 
+use bytes::Bytes;
 use meshwire_objects::net::{Daemon, ObjectConfig};
+use meshwire_objects::proto::cas::{
+    decode_cas_answer, encode_cas_header, CasAnswer, Phase, Precondition,
+};
+use meshwire_objects::proto::object::{content_hash, Stamp};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod support;
@@ -217,65 +222,62 @@ async fn concurrent_increments_through_three_nodes_count_every_success_once() {
 /// holds exactly that version. Before, it answered a mismatch, and a write applied on every
 /// replica could be reported as `503 quorum_not_reached` (the concurrent-increments test above
 /// failed so, about once in 40 runs).
-#[tokio::test]
-async fn a_commit_that_finds_its_write_already_held_is_acknowledged() {
-    use bytes::Bytes;
-    use meshwire_objects::proto::cas::{
-        decode_cas_answer, encode_cas_header, CasAnswer, Phase, Precondition,
-    };
-    use meshwire_objects::proto::object::{content_hash, Stamp};
-
-    let daemons = cluster().await;
-    let asker = daemons[0].node();
-    let target = daemons[1].node().peer_id();
-    let content = Bytes::from_static(b"repaired before its commit");
-    let stamp = Stamp {
-        version: 5,
-        hash: content_hash(&content),
-    };
-    let send = |phase: Phase, content: &[u8]| {
-        let mut message = encode_cas_header(1, phase, "early", &stamp);
-        message.extend_from_slice(content);
-        asker.request(
-            target,
+/// One phase of a conditional write of `key` at `stamp`, sent by `from` straight to `to` (as a
+/// coordinator sends it), and the answer.
+async fn cas_phase(
+    from: &meshwire::Node,
+    to: meshwire::PeerId,
+    phase: Phase,
+    key: &str,
+    stamp: Stamp,
+    content: &[u8],
+) -> CasAnswer {
+    let mut message = encode_cas_header(1, phase, key, &stamp);
+    message.extend_from_slice(content);
+    let reply = from
+        .request(
+            to,
             meshwire::protocols::OBJECT_CAS,
             Bytes::from(message),
             std::time::Duration::from_secs(5),
         )
-    };
-    let prepared = send(Phase::Prepare(Precondition::Absent), &content)
         .await
         .unwrap();
-    assert_eq!(decode_cas_answer(&prepared).unwrap().1, Ok(CasAnswer::Done));
+    decode_cas_answer(&reply).unwrap().1.unwrap()
+}
+
+fn stamp_of(version: u64, content: &[u8]) -> Stamp {
+    Stamp {
+        version,
+        hash: content_hash(content),
+    }
+}
+
+#[tokio::test]
+async fn a_commit_that_finds_its_write_already_held_is_acknowledged() {
+    let daemons = cluster().await;
+    let (asker, target) = (daemons[0].node(), daemons[1].node().peer_id());
+    let content = Bytes::from_static(b"repaired before its commit");
+    let stamp = stamp_of(5, &content);
+    let prepare = Phase::Prepare(Precondition::Absent);
+    assert_eq!(
+        cas_phase(asker, target, prepare, "early", stamp, &content).await,
+        CasAnswer::Done
+    );
     daemons[1]
         .service()
         .store()
         .put("early", stamp, content.clone())
         .unwrap();
-    let committed = send(Phase::Commit, b"").await.unwrap();
     assert_eq!(
-        decode_cas_answer(&committed).unwrap().1,
-        Ok(CasAnswer::Done)
+        cas_phase(asker, target, Phase::Commit, "early", stamp, b"").await,
+        CasAnswer::Done
     );
     // A commit with nothing pending and another copy held is still a mismatch.
-    let other = Stamp {
-        version: 6,
-        hash: content_hash(b"other"),
-    };
-    let mut message = encode_cas_header(1, Phase::Commit, "early", &other);
-    message.extend_from_slice(b"");
-    let late = asker
-        .request(
-            target,
-            meshwire::protocols::OBJECT_CAS,
-            Bytes::from(message),
-            std::time::Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
+    let other = stamp_of(6, b"other");
     assert_eq!(
-        decode_cas_answer(&late).unwrap().1,
-        Ok(CasAnswer::Mismatch(Some(stamp)))
+        cas_phase(asker, target, Phase::Commit, "early", other, b"").await,
+        CasAnswer::Mismatch(Some(stamp))
     );
     for daemon in daemons {
         daemon.shutdown().await.unwrap();
@@ -284,36 +286,12 @@ async fn a_commit_that_finds_its_write_already_held_is_acknowledged() {
 
 #[tokio::test]
 async fn a_prepare_that_arrives_after_its_commit_or_abort_is_never_held() {
-    use bytes::Bytes;
-    use meshwire_objects::proto::cas::{
-        decode_cas_answer, encode_cas_header, CasAnswer, Phase, Precondition,
-    };
-    use meshwire_objects::proto::object::{content_hash, Stamp};
-
     let daemons = cluster().await;
     let target = daemons[1].node().peer_id();
-    let stamp_of = |version: u64, content: &[u8]| Stamp {
-        version,
-        hash: content_hash(content),
-    };
-    // `from` sends one phase of its conditional write of `key` to the target.
-    let send = |from: usize, phase: Phase, key: &'static str, stamp: Stamp, content: &[u8]| {
-        let mut message = encode_cas_header(1, phase, key, &stamp);
-        message.extend_from_slice(content);
-        let node = daemons[from].node().clone();
-        async move {
-            let reply = node
-                .request(
-                    target,
-                    meshwire::protocols::OBJECT_CAS,
-                    Bytes::from(message),
-                    std::time::Duration::from_secs(5),
-                )
-                .await
-                .unwrap();
-            decode_cas_answer(&reply).unwrap().1.unwrap()
-        }
-    };
+    let send =
+        |from: usize, phase: Phase, key: &'static str, stamp: Stamp, content: &'static [u8]| {
+            cas_phase(daemons[from].node(), target, phase, key, stamp, content)
+        };
     // The commit overtakes its prepare: nothing to apply yet.
     let first = stamp_of(5, b"committed");
     assert_eq!(
