@@ -79,8 +79,8 @@ use std::sync::{Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use crate::proto::cas::Precondition;
-use crate::proto::object::{content_hash, Stamp};
-use bytes::{Bytes, BytesMut};
+use crate::proto::object::Stamp;
+use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
 use redb::{ReadableTable, ReadableTableMetadata, TableHandle};
 
@@ -487,70 +487,20 @@ impl Store {
         self.cache().get(key)
     }
 
-    /// The object under `key`, its content checked against its hash.
+    /// The object under `key`, its content checked against its hash. A read from disk enters the
+    /// object cache (see [`Store::get_body`] for reading a large object without holding it).
     pub fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
         if let Some(object) = self.cached(key) {
             return Ok(Some(object));
         }
-        let corrupt = |reason| StoreError::Corrupt {
-            key: key.to_string(),
-            reason,
+        let Some((stamp, body)) = self.get_body(key)? else {
+            return Ok(None);
         };
-        let mut attempts = 0;
-        let mut missing = None;
-        let (header, content) = loop {
-            let db = self.db();
-            let txn = db.begin_read()?;
-            let headers = txn.open_table(HEADERS)?;
-            let Some(header) = read_header(&headers, key)? else {
-                return Ok(None);
-            };
-            let content = match header.place {
-                Place::Pieces(pieces) => {
-                    let chunks = txn.open_table(CHUNKS)?;
-                    // A damaged header's length must not size a huge allocation: beyond the
-                    // bound the buffer grows with the pieces read.
-                    let mut content =
-                        BytesMut::with_capacity(saturating_usize(header.len).min(MAX_PREALLOC));
-                    for index in 0..pieces {
-                        let piece = chunks
-                            .get((key, index))?
-                            .ok_or_else(|| corrupt("a piece of its content is missing"))?;
-                        content.extend_from_slice(piece.value());
-                    }
-                    content.freeze()
-                }
-                Place::File(id) => {
-                    let files = self
-                        .files
-                        .as_ref()
-                        .ok_or_else(|| corrupt("its header names a file in a store in memory"))?;
-                    match files.read(id)? {
-                        Some(content) => content,
-                        // A commit replaced the object and removed its file after the header
-                        // was read: read the new header. A header that still names the missing
-                        // file is damage.
-                        None if missing != Some(id) && attempts + 1 < FILE_READ_ATTEMPTS => {
-                            attempts += 1;
-                            missing = Some(id);
-                            continue;
-                        }
-                        None => return Err(corrupt("its content file is missing")),
-                    }
-                }
-            };
-            break (header, content);
+        let content = match body {
+            Body::Held(content) => content,
+            Body::File(reader) => reader.read_all()?,
         };
-        if content.len() as u64 != header.len {
-            return Err(corrupt("content length does not match its header"));
-        }
-        if content_hash(&content) != header.stamp.hash {
-            return Err(corrupt("content does not match its hash"));
-        }
-        let object = StoredObject {
-            stamp: header.stamp,
-            content,
-        };
+        let object = StoredObject { stamp, content };
         self.cache().insert(key, object.clone());
         Ok(Some(object))
     }

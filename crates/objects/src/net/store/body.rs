@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use bytes::{Bytes, BytesMut};
 use meshwire_proto::hash::Sha256;
 
-use super::layout::{read_header, Place, HEADERS};
-use super::{saturating_usize, Store, StoreError, StoredObject, FILE_READ_ATTEMPTS};
-use crate::proto::object::{ContentHash, Stamp};
+use super::layout::{read_header, Place, CHUNKS, HEADERS};
+use super::{saturating_usize, Store, StoreError, FILE_READ_ATTEMPTS, MAX_PREALLOC};
+use crate::proto::object::{content_hash, ContentHash, Stamp};
 
 /// The buffer [`ContentReader::check`] reads through.
 const CHECK_BUFFER: usize = 256 << 10;
@@ -112,12 +112,19 @@ impl ContentReader {
         Ok(())
     }
 
-    /// The whole content, read and checked (what [`Store::get`] returns for this object).
+    /// The whole content, read into one buffer and checked (what [`Store::get`] returns for this
+    /// object).
     pub fn read_all(mut self) -> Result<Bytes, StoreError> {
-        let mut content =
-            BytesMut::with_capacity(saturating_usize(self.len).min(super::MAX_PREALLOC));
-        while let Some(chunk) = self.next_chunk(1 << 20)? {
-            content.extend_from_slice(&chunk);
+        // A damaged header's length must not size a huge allocation: beyond the bound the buffer
+        // grows as the file is read.
+        let mut content = BytesMut::with_capacity(saturating_usize(self.left).min(MAX_PREALLOC));
+        while self.left > 0 {
+            let start = content.len();
+            content.resize(start + saturating_usize(self.left).min(CHECK_BUFFER), 0);
+            self.fill(&mut content[start..])?;
+        }
+        if !self.checked {
+            self.finish()?;
         }
         Ok(content.freeze())
     }
@@ -174,29 +181,53 @@ impl Store {
     }
 
     /// The object under `key` with its content as a [`Body`]: held when the object cache has it
-    /// or its content is in pieces (read and checked here, as [`Store::get`] does), else its
-    /// content file open for reading, checked as it is read. Unlike [`Store::get`], a content
-    /// file read does not enter the object cache: nothing holds its whole content.
+    /// or its content is in pieces (read and checked here), else its content file open for
+    /// reading, checked as it is read. Unlike [`Store::get`], nothing read here enters the object
+    /// cache: a content file's content is never held whole.
     pub fn get_body(&self, key: &str) -> Result<Option<(Stamp, Body)>, StoreError> {
         if let Some(object) = self.cached(key) {
             return Ok(Some((object.stamp, Body::Held(object.content))));
         }
+        let corrupt = |reason| StoreError::Corrupt {
+            key: key.to_string(),
+            reason,
+        };
         let mut attempts = 0;
         let mut missing = None;
         loop {
-            let header = {
-                let db = self.db();
-                let txn = db.begin_read()?;
-                let headers = txn.open_table(HEADERS)?;
-                read_header(&headers, key)?
-            };
-            let Some(header) = header else {
+            let db = self.db();
+            let txn = db.begin_read()?;
+            let headers = txn.open_table(HEADERS)?;
+            let Some(header) = read_header(&headers, key)? else {
                 return Ok(None);
             };
-            let (Place::File(id), Some(files)) = (header.place, self.files.as_ref()) else {
-                let held = self.get(key)?;
-                return Ok(held.map(|StoredObject { stamp, content }| (stamp, Body::Held(content))));
+            let id = match header.place {
+                Place::Pieces(pieces) => {
+                    let chunks = txn.open_table(CHUNKS)?;
+                    // A damaged header's length must not size a huge allocation: beyond the
+                    // bound the buffer grows with the pieces read.
+                    let mut content =
+                        BytesMut::with_capacity(saturating_usize(header.len).min(MAX_PREALLOC));
+                    for index in 0..pieces {
+                        let piece = chunks
+                            .get((key, index))?
+                            .ok_or_else(|| corrupt("a piece of its content is missing"))?;
+                        content.extend_from_slice(piece.value());
+                    }
+                    if content.len() as u64 != header.len {
+                        return Err(corrupt("content length does not match its header"));
+                    }
+                    if content_hash(&content) != header.stamp.hash {
+                        return Err(corrupt("content does not match its hash"));
+                    }
+                    return Ok(Some((header.stamp, Body::Held(content.freeze()))));
+                }
+                Place::File(id) => id,
             };
+            let files = self
+                .files
+                .as_ref()
+                .ok_or_else(|| corrupt("its header names a file in a store in memory"))?;
             match files.open_file(id)? {
                 Some(file) => {
                     return Ok(Some((
@@ -213,18 +244,13 @@ impl Store {
                         })),
                     )))
                 }
-                // Replaced and removed since the header was read: read the new header (as
-                // `get` does).
+                // A commit replaced the object and removed its file after the header was read:
+                // read the new header. A header that still names the missing file is damage.
                 None if missing != Some(id) && attempts + 1 < FILE_READ_ATTEMPTS => {
                     attempts += 1;
                     missing = Some(id);
                 }
-                None => {
-                    return Err(StoreError::Corrupt {
-                        key: key.to_string(),
-                        reason: "its content file is missing",
-                    })
-                }
+                None => return Err(corrupt("its content file is missing")),
             }
         }
     }

@@ -15,8 +15,6 @@ use std::io::{ErrorKind, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bytes::Bytes;
-
 use super::StoreError;
 
 /// The directory of content files and the next file id.
@@ -111,19 +109,9 @@ impl Files {
             })
     }
 
-    /// The content of file `id`; `Ok(None)` if there is no such file (a commit replaced the
-    /// object and removed its file since its header was read).
-    pub(super) fn read(&self, id: u64) -> Result<Option<Bytes>, StoreError> {
-        let path = self.path(id);
-        match std::fs::read(&path) {
-            Ok(content) => Ok(Some(Bytes::from(content))),
-            Err(source) if source.kind() == ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(StoreError::File { path, source }),
-        }
-    }
-
-    /// File `id` opened for reading; `Ok(None)` if there is no such file (as for
-    /// [`Files::read`]). The open file stays readable when a later commit removes it.
+    /// File `id` opened for reading; `Ok(None)` if there is no such file (a commit replaced the
+    /// object and removed its file since its header was read). The open file stays readable when
+    /// a later commit removes it.
     pub(super) fn open_file(&self, id: u64) -> Result<Option<File>, StoreError> {
         let path = self.path(id);
         match File::open(&path) {

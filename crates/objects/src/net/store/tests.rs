@@ -1,6 +1,7 @@
 //! The store's tests: reads, writes, conditional writes, corruption, reopening and compaction.
 
 use super::*;
+use crate::proto::object::content_hash;
 
 fn stamp(version: u64, content: &[u8]) -> Stamp {
     Stamp {
