@@ -1,6 +1,6 @@
 //! Read whole frames from QUIC streams, growing buffers only as bytes arrive.
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use meshwire_proto::wire::{self, Frame, FrameHeader, Limits, WireError, FRAME_HEADER_LEN};
 use quinn::{ReadError, ReadExactError, RecvStream};
 
@@ -69,21 +69,27 @@ pub(crate) async fn read_frame_body(
     recv: &mut RecvStream,
     header: &FrameHeader,
 ) -> Result<Frame, ReadFrameError> {
-    let body_len = header.body_len as usize;
-    let mut body = BytesMut::with_capacity(body_len.min(READ_STEP));
-    while body.len() < body_len {
-        match recv.read_chunk(body_len - body.len(), true).await? {
+    let body = read_bytes(recv, header.body_len as usize).await?;
+    Ok(wire::decode_body(header, body)?)
+}
+
+/// Reads exactly `len` bytes, growing the buffer only as bytes arrive; a stream that ends first
+/// is `Truncated`.
+pub(crate) async fn read_bytes(recv: &mut RecvStream, len: usize) -> Result<Bytes, ReadFrameError> {
+    let mut body = BytesMut::with_capacity(len.min(READ_STEP));
+    while body.len() < len {
+        match recv.read_chunk(len - body.len(), true).await? {
             Some(chunk) => body.extend_from_slice(&chunk.bytes),
             None => {
                 return Err(WireError::Truncated {
-                    expected: body_len,
+                    expected: len,
                     actual: body.len(),
                 }
                 .into())
             }
         }
     }
-    Ok(wire::decode_body(header, body.freeze())?)
+    Ok(body.freeze())
 }
 
 /// A short, stable name for a wire error, used as a metric label.

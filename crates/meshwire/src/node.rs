@@ -63,6 +63,7 @@ mod outbound;
 mod registry;
 mod request;
 mod serve;
+mod streamed;
 mod tiebreak;
 
 pub use batch::{
@@ -80,6 +81,7 @@ pub use registry::SubscribeError;
 pub use request::RequestError;
 use serve::Handler;
 pub use serve::{HandlerError, ServiceError};
+pub use streamed::{BodyError, BodySource, RequestBody, STREAMED_PIECE_BYTES};
 
 /// Connection close code: the node is shutting down.
 pub const CLOSE_SHUTDOWN: u32 = 0;

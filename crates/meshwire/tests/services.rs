@@ -241,3 +241,145 @@ async fn a_request_that_finds_the_responders_budget_full_is_refused_as_busy() {
     release.notify_one();
     assert_eq!(first.await.unwrap().unwrap(), payload);
 }
+
+/// A body source that hands out `pieces` one by one, then fails if `fail` is set.
+struct Pieces {
+    pieces: std::collections::VecDeque<Bytes>,
+    fail: bool,
+}
+
+impl meshwire::BodySource for Pieces {
+    async fn next_piece(&mut self) -> std::io::Result<Option<Bytes>> {
+        match self.pieces.pop_front() {
+            Some(piece) => Ok(Some(piece)),
+            None if self.fail => Err(std::io::Error::other("disk gone")),
+            None => Ok(None),
+        }
+    }
+}
+
+fn pieces(sizes: &[usize], fail: bool) -> (u64, Pieces) {
+    let pieces: std::collections::VecDeque<Bytes> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| Bytes::from(vec![i as u8; n]))
+        .collect();
+    let len = pieces.iter().map(|p| p.len() as u64).sum();
+    (len, Pieces { pieces, fail })
+}
+
+/// The handler reads a 5-byte head, then the rest piece by piece, and answers with the head,
+/// the number of pieces and a digest of what it read (its length and byte sum).
+fn serve_streamed(node: &Node) {
+    node.handle_streamed(ECHO, |_, mut body| async move {
+        let fail = |e: meshwire::BodyError| meshwire::HandlerError::Failed(Box::new(e));
+        let head = body.read_exact(5).await.map_err(fail)?;
+        let (mut pieces, mut len, mut sum) = (0u64, 0u64, 0u64);
+        while let Some(piece) = body.next_piece().await.map_err(fail)? {
+            assert!(piece.len() <= meshwire::STREAMED_PIECE_BYTES);
+            pieces += 1;
+            len += piece.len() as u64;
+            sum += piece.iter().map(|&b| u64::from(b)).sum::<u64>();
+        }
+        Ok(Bytes::from(format!(
+            "{} {pieces} {len} {sum}",
+            String::from_utf8_lossy(&head)
+        )))
+    })
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_streamed_request_arrives_whole_in_pieces_and_holds_one_piece_of_budget() {
+    let a = start(1);
+    let mut small = config(2);
+    small.limits.max_payload_bytes = 1536 * 1024;
+    small.inbound_request_bytes = 1536 * 1024 + 1024;
+    let b = Node::bind(small, loopback()).unwrap();
+    serve_streamed(&b);
+    // A whole request held by its handler takes 1 MiB of the 1.5 MiB budget.
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let arrived = std::sync::Arc::new(tokio::sync::Notify::new());
+    let (held, seen) = (release.clone(), arrived.clone());
+    b.handle(CHAT, move |_, body| {
+        let (held, seen) = (held.clone(), seen.clone());
+        async move {
+            seen.notify_one();
+            held.notified().await;
+            Ok(body.slice(..5))
+        }
+    })
+    .unwrap();
+    connect(&a, &b).await;
+    let holder = tokio::spawn({
+        let (a, b) = (a.clone(), b.peer_id());
+        async move {
+            a.request(b, CHAT, Bytes::from(vec![9u8; 1 << 20]), PATIENCE)
+                .await
+        }
+    });
+    arrived.notified().await;
+    // 1.25 MiB streamed fits beside it: it reserves one piece, not its whole payload.
+    let sizes = [1, 700_000, 3, 600_000];
+    let (len, source) = pieces(&sizes, false);
+    let answer = a
+        .request_streamed(
+            b.peer_id(),
+            ECHO,
+            Bytes::from_static(b"head:"),
+            (len, source),
+            PATIENCE,
+        )
+        .await
+        .unwrap();
+    let sum: u64 = sizes.iter().enumerate().map(|(i, &n)| (i * n) as u64).sum();
+    let expected_pieces = len.div_ceil(meshwire::STREAMED_PIECE_BYTES as u64);
+    assert_eq!(
+        String::from_utf8_lossy(&answer),
+        format!("head: {expected_pieces} {len} {sum}")
+    );
+    // The same payload sent whole does not fit.
+    let whole = a
+        .request(
+            b.peer_id(),
+            CHAT,
+            Bytes::from(vec![1u8; len as usize]),
+            PATIENCE,
+        )
+        .await;
+    assert!(matches!(whole, Err(RequestError::Busy(_))), "{whole:?}");
+    release.notify_one();
+    assert_eq!(&holder.await.unwrap().unwrap()[..], &[9u8; 5]);
+}
+
+#[tokio::test]
+async fn a_streamed_request_whose_source_fails_or_lies_is_cut_and_the_node_keeps_serving() {
+    let a = start(1);
+    let b = start(2);
+    serve_streamed(&b);
+    connect(&a, &b).await;
+    let head = Bytes::from_static(b"head:");
+    // The source fails after its pieces, produces more than announced, or fewer.
+    let (len, failing) = pieces(&[100_000], true);
+    let (_, long) = pieces(&[100_000, 10], false);
+    let (_, short) = pieces(&[50_000], false);
+    for (body, what) in [
+        ((len, failing), "fails"),
+        ((len, long), "too long"),
+        ((len, short), "too short"),
+    ] {
+        let result = a
+            .request_streamed(b.peer_id(), ECHO, head.clone(), body, PATIENCE)
+            .await;
+        assert!(
+            matches!(result, Err(RequestError::Source(_))),
+            "{what}: {result:?}"
+        );
+    }
+    let (len, whole) = pieces(&[10, 20], false);
+    let answer = a
+        .request_streamed(b.peer_id(), ECHO, head, (len, whole), PATIENCE)
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&answer), "head: 1 30 20");
+}

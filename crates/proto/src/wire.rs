@@ -347,27 +347,44 @@ pub fn decode_body(header: &FrameHeader, body: Bytes) -> Result<Frame, WireError
     if body.len() > expected {
         return Err(WireError::TrailingBytes(body.len() - expected));
     }
-    let kind = Kind::from_byte(body[0])?;
-    let flags = body[1];
-    let reserved = u16::from_le_bytes([body[2], body[3]]);
+    let (header, dst) = decode_message_head(&body[..MIN_BODY_LEN])?;
+    Ok(Frame {
+        header,
+        dst,
+        payload: body.slice(MIN_BODY_LEN..),
+    })
+}
+
+/// Decodes the first [`MIN_BODY_LEN`] bytes of a frame body: the message header and the
+/// destination (a receiver that reads the payload piece by piece reads these first). `Truncated`
+/// if `head` is shorter; bytes after them are ignored.
+pub fn decode_message_head(head: &[u8]) -> Result<(MsgHeader, PeerId), WireError> {
+    if head.len() < MIN_BODY_LEN {
+        return Err(WireError::Truncated {
+            expected: MIN_BODY_LEN,
+            actual: head.len(),
+        });
+    }
+    let kind = Kind::from_byte(head[0])?;
+    let flags = head[1];
+    let reserved = u16::from_le_bytes([head[2], head[3]]);
     if reserved != 0 {
         return Err(WireError::ReservedNotZero(reserved));
     }
-    let protocol = ProtocolId(u32::from_le_bytes([body[4], body[5], body[6], body[7]]));
+    let protocol = ProtocolId(u32::from_le_bytes([head[4], head[5], head[6], head[7]]));
     let mut id = [0u8; 8];
-    id.copy_from_slice(&body[8..16]);
+    id.copy_from_slice(&head[8..16]);
     let mut dst = [0u8; PEER_ID_LEN];
-    dst.copy_from_slice(&body[MSG_HEADER_LEN..MIN_BODY_LEN]);
-    Ok(Frame {
-        header: MsgHeader {
+    dst.copy_from_slice(&head[MSG_HEADER_LEN..MIN_BODY_LEN]);
+    Ok((
+        MsgHeader {
             kind,
             flags,
             protocol,
             message_id: u64::from_le_bytes(id),
         },
-        dst: PeerId::from_bytes(dst),
-        payload: body.slice(MIN_BODY_LEN..),
-    })
+        PeerId::from_bytes(dst),
+    ))
 }
 
 /// Decodes exactly one complete frame from `bytes`, slicing the payload out of it.

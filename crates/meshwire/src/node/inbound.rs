@@ -156,18 +156,35 @@ impl Inner {
         expected: Kind,
         counters: &PeerCounters,
     ) -> bool {
-        if frame.header.kind != expected {
+        self.accept_head(
+            connection,
+            remote,
+            (&frame.header, &frame.dst, frame.payload.len()),
+            expected,
+            counters,
+        )
+    }
+
+    /// [`Self::accept_frame`] for a frame whose payload (`payload_len` bytes) is still on the
+    /// stream: its message header and destination are checked, the whole frame counted.
+    pub(super) fn accept_head(
+        &self,
+        connection: &Connection,
+        remote: PeerId,
+        (header, dst, payload_len): (&wire::MsgHeader, &PeerId, usize),
+        expected: Kind,
+        counters: &PeerCounters,
+    ) -> bool {
+        if header.kind != expected {
             self.protocol_violation(connection, remote, "unexpected_kind");
             return false;
         }
-        if frame.dst != self.local_id {
+        if *dst != self.local_id {
             self.protocol_violation(connection, remote, "wrong_destination");
             return false;
         }
-        self.metrics.count_received(
-            counters,
-            (frame.payload.len() + wire::FRAME_OVERHEAD) as u64,
-        );
+        self.metrics
+            .count_received(counters, (payload_len + wire::FRAME_OVERHEAD) as u64);
         true
     }
 

@@ -8,7 +8,7 @@ use meshwire_proto::wire::{
     self, EncodedMessage, ErrorCode, Kind, MsgHeader, ProtocolId, WireError,
 };
 use meshwire_proto::PeerId;
-use quinn::{ConnectionError, ReadError, WriteError};
+use quinn::{Connection, ConnectionError, ReadError, RecvStream, WriteError};
 use tokio::time::Instant;
 
 use super::{Inner, Node};
@@ -64,6 +64,10 @@ pub enum RequestError {
     /// sending it again later may succeed (the peer's words).
     #[error("the peer was busy: {0}")]
     Busy(String),
+    /// The body source of a streamed request failed or broke its announced length; the stream
+    /// was reset (see [`Node::request_streamed`]).
+    #[error("the request body could not be produced: {0}")]
+    Source(String),
 }
 
 impl RequestError {
@@ -75,6 +79,7 @@ impl RequestError {
             Self::TooLarge(_) | Self::RemoteTooLarge(_) => "too_large",
             Self::Remote(_) => "remote_error",
             Self::Busy(_) => "busy",
+            Self::Source(_) => "source",
             Self::ConnectionLost(_)
             | Self::WriteFailed(_)
             | Self::ReadFailed(_)
@@ -112,27 +117,34 @@ impl Node {
         body: Bytes,
         deadline: Duration,
     ) -> Result<Bytes, RequestError> {
+        let exchange = self
+            .inner
+            .clone()
+            .request_once(peer, protocol, [head, body]);
+        self.inner.timed_request(deadline, exchange).await
+    }
+}
+
+impl Inner {
+    /// Runs a request's `exchange` under `deadline` and counts its outcome and duration.
+    pub(super) async fn timed_request(
+        &self,
+        deadline: Duration,
+        exchange: impl std::future::Future<Output = Result<Bytes, RequestError>>,
+    ) -> Result<Bytes, RequestError> {
         let started = Instant::now();
-        let result = match tokio::time::timeout(
-            deadline,
-            self.inner
-                .clone()
-                .request_once(peer, protocol, [head, body]),
-        )
-        .await
-        {
+        let result = match tokio::time::timeout(deadline, exchange).await {
             Ok(result) => result,
             Err(_) => Err(RequestError::Timeout(deadline)),
         };
         match &result {
             Ok(_) => {
-                self.inner.metrics.request_outcome("ok");
-                self.inner
-                    .metrics
+                self.metrics.request_outcome("ok");
+                self.metrics
                     .request_seconds
                     .observe(started.elapsed().as_secs_f64());
             }
-            Err(error) => self.inner.metrics.request_outcome(error.label()),
+            Err(error) => self.metrics.request_outcome(error.label()),
         }
         result
     }
@@ -163,7 +175,7 @@ impl Inner {
             .chain(payload)
             .filter(|chunk| !chunk.is_empty())
             .collect();
-        let (mut send, mut recv) = connection
+        let (mut send, recv) = connection
             .open_bi()
             .await
             .map_err(RequestError::ConnectionLost)?;
@@ -180,6 +192,21 @@ impl Inner {
         let counters = self.metrics.peer_counters(&peer);
         self.metrics
             .count_sent(&counters, (wire::FRAME_OVERHEAD + payload_len) as u64);
+        self.read_response(&connection, peer, recv, message_id, stopped)
+            .await
+    }
+
+    /// Reads the answer to request `message_id` from `recv`; `stopped` is the write error of a
+    /// request the responder stopped reading (its answer says why, if it sent one).
+    pub(super) async fn read_response(
+        &self,
+        connection: &Connection,
+        peer: PeerId,
+        mut recv: RecvStream,
+        message_id: u64,
+        stopped: Option<WriteError>,
+    ) -> Result<Bytes, RequestError> {
+        let counters = self.metrics.peer_counters(&peer);
         let frame = match read_frame(&mut recv, &self.config.limits).await {
             Ok(Some(frame)) => frame,
             Ok(None) | Err(ReadFrameError::Stream(_)) if stopped.is_some() => {
@@ -188,7 +215,7 @@ impl Inner {
             Ok(None) => return Err(RequestError::NoResponse),
             Err(ReadFrameError::Stream(error)) => return Err(RequestError::ReadFailed(error)),
             Err(ReadFrameError::Wire(error)) => {
-                self.protocol_violation(&connection, peer, wire_error_label(&error));
+                self.protocol_violation(connection, peer, wire_error_label(&error));
                 return Err(RequestError::Malformed(error));
             }
         };
@@ -198,7 +225,7 @@ impl Inner {
             (frame.payload.len() + wire::FRAME_OVERHEAD) as u64,
         );
         if frame.dst != self.local_id {
-            self.protocol_violation(&connection, peer, "wrong_destination");
+            self.protocol_violation(connection, peer, "wrong_destination");
             return Err(RequestError::WrongDestination);
         }
         match frame.header.kind {
@@ -210,12 +237,12 @@ impl Inner {
                 Ok((ErrorCode::Malformed, reason)) => Err(RequestError::RemoteMalformed(reason)),
                 Ok((ErrorCode::Busy, reason)) => Err(RequestError::Busy(reason)),
                 Err(error) => {
-                    self.protocol_violation(&connection, peer, wire_error_label(&error));
+                    self.protocol_violation(connection, peer, wire_error_label(&error));
                     Err(RequestError::Malformed(error))
                 }
             },
             _ => {
-                self.protocol_violation(&connection, peer, "unexpected_kind");
+                self.protocol_violation(connection, peer, "unexpected_kind");
                 Err(RequestError::UnexpectedResponse)
             }
         }

@@ -12,8 +12,9 @@ use meshwire_proto::PeerId;
 use quinn::{Connection, RecvStream, SendStream, VarInt};
 
 use super::registry::Attachment;
+use super::streamed::{RequestBody, STREAMED_PIECE_BYTES};
 use super::{Inner, Node, SubscribeError};
-use crate::framing::{read_frame_body, read_frame_header, wire_error_label, ReadFrameError};
+use crate::framing::{read_bytes, read_frame_header, wire_error_label, ReadFrameError};
 
 /// Stream reset code: the request took too long to arrive.
 const RESET_REQUEST_TIMEOUT: u32 = 1;
@@ -39,7 +40,35 @@ pub enum HandlerError {
 
 /// An answer in two pieces, written one after the other (see [`Node::handle_parts`]).
 type HandlerFuture = Pin<Box<dyn Future<Output = Result<[Bytes; 2], HandlerError>> + Send>>;
-pub(super) type Handler = Arc<dyn Fn(PeerId, Bytes) -> HandlerFuture + Send + Sync>;
+/// A handler given each request's payload whole.
+pub(super) type WholeHandler = Arc<dyn Fn(PeerId, Bytes) -> HandlerFuture + Send + Sync>;
+/// A handler that reads each request's payload as it arrives ([`Node::handle_streamed`]).
+pub(super) type StreamedHandler = Arc<dyn Fn(PeerId, RequestBody) -> HandlerFuture + Send + Sync>;
+
+/// What serves a protocol's requests.
+#[derive(Clone)]
+pub(super) enum Handler {
+    Whole(WholeHandler),
+    Streamed(StreamedHandler),
+}
+
+/// A request whose head was read: its payload read whole for a [`Handler::Whole`] (or no
+/// handler), or left on the stream for a [`Handler::Streamed`]; or refused for want of room.
+enum Arrival {
+    Whole {
+        frame: wire::Frame,
+        handler: Option<Handler>,
+        _budget: tokio::sync::OwnedSemaphorePermit,
+    },
+    Streamed {
+        message: MsgHeader,
+        dst: PeerId,
+        handler: StreamedHandler,
+        payload_len: usize,
+        budget: tokio::sync::OwnedSemaphorePermit,
+    },
+    Busy,
+}
 
 impl Attachment for Handler {
     fn is_attached(&self) -> bool {
@@ -56,11 +85,13 @@ impl Node {
         F: Fn(PeerId, Bytes) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Bytes, HandlerError>> + Send + 'static,
     {
-        let handler: Handler = Arc::new(move |peer, body| {
+        let handler: WholeHandler = Arc::new(move |peer, body| {
             let answer = handler(peer, body);
             Box::pin(async move { answer.await.map(|body| [Bytes::new(), body]) })
         });
-        self.inner.handlers.attach(protocol, handler)
+        self.inner
+            .handlers
+            .attach(protocol, Handler::Whole(handler))
     }
 
     /// [`Node::handle`] for a handler whose answer comes in two pieces, a head and a body, sent
@@ -75,11 +106,13 @@ impl Node {
         F: Fn(PeerId, Bytes) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(Bytes, Bytes), HandlerError>> + Send + 'static,
     {
-        let handler: Handler = Arc::new(move |peer, body| {
+        let handler: WholeHandler = Arc::new(move |peer, body| {
             let answer = handler(peer, body);
             Box::pin(async move { answer.await.map(|(head, body)| [head, body]) })
         });
-        self.inner.handlers.attach(protocol, handler)
+        self.inner
+            .handlers
+            .attach(protocol, Handler::Whole(handler))
     }
 
     /// Stops serving requests on `protocol`; later requests are refused as having no handler.
@@ -123,33 +156,58 @@ impl Inner {
         mut recv: RecvStream,
     ) {
         let limits = self.config.limits;
-        let arrival = tokio::time::timeout(self.config.inbound_request_timeout, async {
+        let started = tokio::time::Instant::now();
+        let timeout = self.config.inbound_request_timeout;
+        let arrival = tokio::time::timeout(timeout, async {
             let Some(header) = read_frame_header(&mut recv, &[], &limits).await? else {
                 return Ok(None);
             };
-            // Room in the node's request budget before any of the body is read, so requests
+            let head = read_bytes(&mut recv, wire::MIN_BODY_LEN).await?;
+            let (message, dst) = wire::decode_message_head(&head)?;
+            let payload_len = header.payload_len();
+            let handler = self.handlers.get(message.protocol);
+            // Room in the node's request budget before any of the payload is read, so requests
             // from all streams cannot together hold more than the budget; held until answered.
-            // A request that finds no room is refused at once: one waiting would leave its body
-            // in the connection's receive window, where it could starve the requests that hold
-            // the room.
-            let Ok(budget) = self
-                .request_bytes
-                .clone()
-                .try_acquire_many_owned(header.body_len)
-            else {
-                return Ok(Some(None));
+            // A streamed request holds one piece at a time, so it reserves one piece. A request
+            // that finds no room is refused at once: one waiting would leave its body in the
+            // connection's receive window, where it could starve the requests that hold the room.
+            let room = match handler {
+                Some(Handler::Streamed(_)) => header.body_len.min(STREAMED_PIECE_BYTES as u32),
+                _ => header.body_len,
             };
-            let frame = read_frame_body(&mut recv, &header).await?;
-            Ok(Some(Some((frame, budget))))
+            let Ok(budget) = self.request_bytes.clone().try_acquire_many_owned(room) else {
+                return Ok(Some(Arrival::Busy));
+            };
+            Ok(Some(match handler {
+                Some(Handler::Streamed(handler)) => Arrival::Streamed {
+                    message,
+                    dst,
+                    handler,
+                    payload_len,
+                    budget,
+                },
+                handler => {
+                    let payload = read_bytes(&mut recv, payload_len).await?;
+                    Arrival::Whole {
+                        frame: wire::Frame {
+                            header: message,
+                            dst,
+                            payload,
+                        },
+                        handler,
+                        _budget: budget,
+                    }
+                }
+            }))
         })
         .await;
-        let (frame, _budget) = match arrival {
+        let arrival = match arrival {
             Err(_) => {
                 self.metrics.frame_error("request_timeout");
                 let _ = send.reset(VarInt::from_u32(RESET_REQUEST_TIMEOUT));
                 return;
             }
-            Ok(Ok(Some(None))) => {
+            Ok(Ok(Some(Arrival::Busy))) => {
                 self.metrics.drop_message("request_budget");
                 self.refuse_unread(
                     &mut send,
@@ -161,7 +219,7 @@ impl Inner {
                 .await;
                 return;
             }
-            Ok(Ok(Some(Some(request)))) => request,
+            Ok(Ok(Some(arrival))) => arrival,
             Ok(Ok(None)) => {
                 self.protocol_violation(&connection, remote, "empty_request");
                 return;
@@ -185,43 +243,68 @@ impl Inner {
             }
         };
         let counters = self.metrics.peer_counters(&remote);
-        if !self.accept_frame(&connection, remote, &frame, Kind::Request, &counters) {
-            return;
-        }
-        let protocol = frame.header.protocol;
-        let handler = self.handlers.get(protocol);
+        let (message, answer) = match arrival {
+            Arrival::Whole {
+                frame,
+                handler,
+                _budget,
+            } => {
+                if !self.accept_frame(&connection, remote, &frame, Kind::Request, &counters) {
+                    return;
+                }
+                let answer = match handler {
+                    Some(Handler::Whole(handler)) => Some(handler(remote, frame.payload).await),
+                    _ => None,
+                };
+                (frame.header, answer)
+            }
+            Arrival::Streamed {
+                message,
+                dst,
+                handler,
+                payload_len,
+                budget,
+            } => {
+                let head = (&message, &dst, payload_len);
+                if !self.accept_head(&connection, remote, head, Kind::Request, &counters) {
+                    return;
+                }
+                let body = RequestBody::new(recv, payload_len as u64, started, timeout, budget);
+                (message, Some(handler(remote, body).await))
+            }
+            Arrival::Busy => return,
+        };
+        let protocol = message.protocol;
         let error = |code, text: &str| {
             (
                 Kind::ErrorResponse,
                 [Bytes::new(), wire::encode_error_payload(code, text)],
             )
         };
-        let (kind, body) = match handler {
+        let (kind, body) = match answer {
             None => error(
                 ErrorCode::NoHandler,
                 &format!("no handler for protocol {}", protocol.0),
             ),
-            Some(handler) => match handler(remote, frame.payload).await {
-                Ok(parts) => {
-                    let len: u64 = parts.iter().map(|part| part.len() as u64).sum();
-                    if len > u64::from(limits.max_payload_bytes) {
-                        error(
-                            ErrorCode::TooLarge,
-                            &format!("response of {len} bytes exceeds the limit"),
-                        )
-                    } else {
-                        (Kind::Response, parts)
-                    }
+            Some(Ok(parts)) => {
+                let len: u64 = parts.iter().map(|part| part.len() as u64).sum();
+                if len > u64::from(limits.max_payload_bytes) {
+                    error(
+                        ErrorCode::TooLarge,
+                        &format!("response of {len} bytes exceeds the limit"),
+                    )
+                } else {
+                    (Kind::Response, parts)
                 }
-                Err(failure) => error(ErrorCode::Handler, &failure.to_string()),
-            },
+            }
+            Some(Err(failure)) => error(ErrorCode::Handler, &failure.to_string()),
         };
         self.respond(
             &mut send,
             remote,
             kind,
             protocol,
-            frame.header.message_id,
+            message.message_id,
             body,
             &limits,
         )
