@@ -117,8 +117,16 @@
 //!   transaction (a crash leaves the old or the new object, never a torn one); reads verify the
 //!   SHA-256 and report a damaged object as corrupt. A `GET` streams content from its content
 //!   file in 256 KiB chunks (checked before the read answers, and again as it streams), so a slow
-//!   reader of a large object holds a chunk, not the object. Writes and replication still hold
-//!   an object whole (bounded by `max_object_bytes` and the HTTP body budget). One memory budget (`store_memory_bytes`,
+//!   reader of a large object holds a chunk, not the object. A `PUT` of 64 KiB or more (or of
+//!   unknown length) without a precondition is written to a new content file in 256 KiB pieces
+//!   as it arrives and hashed on the way; the node then stamps it, commits that file as its own
+//!   copy (no copy made) and sends it to the other replicas from the file, piece by piece, as a
+//!   streamed request ([`meshwire::Node::request_streamed`]); a replica writes what arrives to a
+//!   content file of its own, checks it against the stamp's hash and commits it (a mismatch is
+//!   refused as malformed and leaves no file). So no node holds such a write whole: each holds a
+//!   piece per write. Still held whole (bounded by `max_object_bytes`, the HTTP body budget and
+//!   the node's request budget): conditional writes (`If-Match`/`If-None-Match`), the content a
+//!   read fetches from another replica, read repair, and anti-entropy transfers. One memory budget (`store_memory_bytes`,
 //!   128 MiB) holds redb's page cache and a cache of hot objects (half each; objects up to a
 //!   quarter of the cache), so many readers of one object share one buffer. Store calls run on
 //!   tokio's blocking pool (or on the calling task with `ServiceOptions::inline_store`, which the

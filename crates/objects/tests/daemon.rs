@@ -9,6 +9,8 @@ use bytes::Bytes;
 use meshwire::protocols::{OBJECT_FETCH as FETCH, OBJECT_STORE as STORE};
 use meshwire::RequestError;
 use meshwire_objects::net::{Daemon, DaemonError, ObjectConfig, ObjectServiceError};
+use meshwire_objects::net::{PhysicalClock as _, SystemClock};
+use meshwire_objects::proto::clock;
 use meshwire_objects::proto::object::{self, content_hash, Stamp};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -376,4 +378,116 @@ async fn writes_a_busy_replica_refused_are_sent_again_and_acknowledged() {
         assert_eq!(held.content, vec![i as u8; 700 << 10]);
     }
     shutdown(vec![a, b]).await;
+}
+
+/// The content files in a daemon's data directory.
+fn content_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir.join("objects.content"))
+        .map(|entries| entries.count())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_large_put_is_streamed_into_every_replicas_content_file() {
+    // Three members with stores on disk (R = 3, W = 2): a large body goes to a content file on
+    // the node it reaches, and from that file to the other two, piece by piece.
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut daemons = Vec::new();
+    for dir in &dirs {
+        daemons.push(
+            start(ObjectConfig::default(), Some(dir.path()))
+                .await
+                .unwrap(),
+        );
+    }
+    let ids: Vec<_> = daemons.iter().map(|d| d.node().peer_id()).collect();
+    for daemon in &daemons {
+        daemon.service().set_members(ids.iter().copied());
+    }
+    support::mesh(&daemons.iter().collect::<Vec<_>>()).await;
+    let content = wallet(3 << 20 | 12_345);
+    let address = daemons[0].http_address().unwrap();
+    let put = http(address, "PUT", "/objects/large", &content)
+        .await
+        .unwrap();
+    assert_eq!(put.0, 201, "{}", String::from_utf8_lossy(&put.1));
+    // Every replica comes to hold it in one content file of its own (the third after W acks).
+    for (daemon, dir) in daemons.iter().zip(&dirs) {
+        let mut held = daemon.service().get_local("large");
+        for _ in 0..100 {
+            if held.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            held = daemon.service().get_local("large");
+        }
+        assert!(held.unwrap().content == content, "a replica's copy differs");
+        assert_eq!(content_files(dir.path()), 1);
+    }
+    let got = http(
+        daemons[2].http_address().unwrap(),
+        "GET",
+        "/objects/large",
+        b"",
+    )
+    .await
+    .unwrap();
+    assert!(
+        got.0 == 200 && got.1 == content,
+        "GET through another member"
+    );
+
+    // A member that sends a large copy whose content does not match its stamp's hash is refused
+    // as malformed (checked as it arrives), and the replica keeps no file of it.
+    let (a, b) = (&daemons[0], &daemons[1]);
+    let now = clock::timestamp(SystemClock.now_ms(), 0);
+    let stamp = Stamp {
+        version: now,
+        hash: content_hash(b"something else"),
+    };
+    let header = Bytes::from(object::encode_store_header(now, "forged", &stamp));
+    let forged = Bytes::from(wallet(200_000));
+    let refused = a
+        .node()
+        .request_parts(b.node().peer_id(), STORE, header, forged, REQUEST_DEADLINE)
+        .await;
+    assert!(
+        matches!(&refused, Err(RequestError::Remote(reason)) if reason.contains("does not match its hash")),
+        "{refused:?}"
+    );
+    assert_eq!(content_files(dirs[1].path()), 1);
+    assert!(b.service().get_local("forged").is_err());
+
+    // A body over the size limit, of unknown length (chunked), is refused once it passes the
+    // limit, and leaves no file.
+    let max = ObjectConfig::default().max_object_bytes;
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = format!(
+        "PUT /objects/huge HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let piece = vec![7u8; 1 << 20];
+    let mut sent = 0;
+    while sent <= max {
+        let chunk = format!("{:x}\r\n", piece.len());
+        let written = async {
+            stream.write_all(chunk.as_bytes()).await?;
+            stream.write_all(&piece).await?;
+            stream.write_all(b"\r\n").await
+        };
+        if written.await.is_err() {
+            break;
+        }
+        sent += piece.len();
+    }
+    let _ = stream.write_all(b"0\r\n\r\n").await;
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw).await;
+    assert!(
+        raw.starts_with(b"HTTP/1.1 413"),
+        "{}",
+        String::from_utf8_lossy(&raw[..raw.len().min(200)])
+    );
+    assert_eq!(content_files(dirs[0].path()), 1);
+    shutdown(daemons).await;
 }

@@ -54,7 +54,7 @@ use self::auth::Gate;
 use self::errors::{error, KeyPath};
 use self::limits::HttpLimits;
 use super::ring::Ring;
-use super::service::{ObjectService, ObjectServiceError};
+use super::service::{ObjectService, ObjectServiceError, WriteOutcome, PIECE_BYTES};
 use super::store::{Body as StoreBody, StoreError};
 use super::topics::Topics;
 use crate::proto::cas::{etag, parse_precondition};
@@ -101,20 +101,16 @@ impl BodyBudget {
         reserved
     }
 
-    /// Reads a request body of at most `max` bytes: a declared `Content-Length` over `max` is
+    /// Reads a request body of at most `max` bytes: a `declared` `Content-Length` over `max` is
     /// refused before anything is read; the body's bytes are reserved (until the returned permit
     /// drops) before it is read; a body without a `Content-Length` is read up to `max`, and past
     /// it refused.
     async fn read(
         &self,
-        headers: &HeaderMap,
+        declared: Option<usize>,
         body: Body,
         max: usize,
     ) -> Result<(Bytes, OwnedSemaphorePermit), BodyRefused> {
-        let declared = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
         if let Some(len) = declared.filter(|len| *len > max) {
             return Err(BodyRefused::TooLarge { len });
         }
@@ -234,25 +230,77 @@ async fn put_object(
 ) -> Result<Response, ObjectServiceError> {
     crate::proto::object::validate_key(&key).map_err(ObjectServiceError::InvalidKey)?;
     let max = service.config().max_object_bytes;
-    // The body's bytes stay reserved until the write is done.
-    let (content, _reserved) = match budget.read(&headers, body, max).await {
-        Ok(read) => read,
-        Err(BodyRefused::TooLarge { len }) => {
-            return Err(ObjectServiceError::TooLarge { len, max })
-        }
-        Err(BodyRefused::Answer(response)) => return Ok(response),
-    };
     let precondition = parse_precondition(
         headers.get(header::IF_MATCH).map(HeaderValue::as_bytes),
         headers
             .get(header::IF_NONE_MATCH)
             .map(HeaderValue::as_bytes),
     )?;
+    // A body large enough for a content file (or of unknown length) goes to one piece by piece,
+    // and from there to the replicas, never held whole. A conditional write holds its body: its
+    // replicas check the precondition before they take the content.
+    let declared = declared_length(&headers);
+    let streamed = service
+        .streamed_min_bytes()
+        .is_some_and(|min| declared.is_none_or(|len| len >= min));
+    if precondition.is_none() && streamed {
+        return put_streamed(&service, key, &budget, declared, body).await;
+    }
+    // The body's bytes stay reserved until the write is done.
+    let (content, _reserved) = match budget.read(declared, body, max).await {
+        Ok(read) => read,
+        Err(BodyRefused::TooLarge { len }) => {
+            return Err(ObjectServiceError::TooLarge { len, max })
+        }
+        Err(BodyRefused::Answer(response)) => return Ok(response),
+    };
     let outcome = match precondition {
         Some(precondition) => service.put_if(&key, content, precondition).await?,
         None => service.put(&key, content).await?,
     };
-    Ok((
+    Ok(written(key, outcome))
+}
+
+/// A PUT's body written to a content file as it arrives, then to the replicas from there. It
+/// holds one piece ([`PIECE_BYTES`]) of the body budget while it runs.
+async fn put_streamed(
+    service: &ObjectService,
+    key: String,
+    budget: &BodyBudget,
+    declared: Option<usize>,
+    body: Body,
+) -> Result<Response, ObjectServiceError> {
+    let max = service.config().max_object_bytes;
+    if let Some(len) = declared.filter(|len| *len > max) {
+        return Err(ObjectServiceError::TooLarge { len, max });
+    }
+    let Some(_reserved) = budget.reserve(PIECE_BYTES) else {
+        return Ok(budget.busy());
+    };
+    let mut writer = service.object_writer().await?.ok_or(StoreError::Stopped)?;
+    let mut data = body.into_data_stream();
+    while let Some(piece) = data.next().await {
+        match piece {
+            Ok(piece) => writer.write(piece).await?,
+            Err(failure) => return Ok(body_failure(&failure, max)),
+        }
+    }
+    let content = writer.finish().await?;
+    let outcome = service.put_written(&key, content).await?;
+    Ok(written(key, outcome))
+}
+
+/// A request's declared `Content-Length`, if it has a valid one.
+fn declared_length(headers: &HeaderMap) -> Option<usize> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+}
+
+/// The `201` of a write.
+fn written(key: String, outcome: WriteOutcome) -> Response {
+    (
         StatusCode::CREATED,
         Json(Written {
             key,
@@ -263,7 +311,7 @@ async fn put_object(
             replicas: outcome.replicas,
         }),
     )
-        .into_response())
+        .into_response()
 }
 
 async fn get_object(

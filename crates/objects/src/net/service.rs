@@ -78,6 +78,7 @@ mod modes;
 mod read;
 mod serve;
 mod store_calls;
+mod streamed;
 mod warn_limit;
 mod write;
 
@@ -87,6 +88,7 @@ pub use entropy::{RoundReport, IN_FLIGHT, MAX_TRANSFER_BYTES, PULL_BATCH};
 use metrics::{DirectionLabel, ObjectMetrics, OutcomeLabel, ReasonLabel};
 use modes::Modes;
 use store_calls::blocking;
+pub use streamed::{ObjectWriter, PIECE_BYTES};
 
 /// Settings of the object service.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -553,16 +555,24 @@ impl ObjectService {
             async move { service?.serve_fetch_offloaded(peer, body).await }
         })?;
         let weak = Arc::downgrade(&service.inner);
-        node.handle(STORE, move |peer, body| {
-            let service = upgrade(&weak);
-            async move {
-                let service = service?;
-                let inline = service.inner.inline_store;
-                blocking(inline, move || service.serve_store(peer, body))
-                    .await
-                    .unwrap_or(Err(HandlerError::Stopped))
-            }
-        })?;
+        if service.streamed_min_bytes().is_some() {
+            // Copies read as they arrive, large ones written to their content file piece by piece.
+            node.handle_streamed(STORE, move |peer, body| {
+                let service = upgrade(&weak);
+                async move { service?.serve_store_streamed(peer, body).await }
+            })?;
+        } else {
+            node.handle(STORE, move |peer, body| {
+                let service = upgrade(&weak);
+                async move {
+                    let service = service?;
+                    let inline = service.inner.inline_store;
+                    blocking(inline, move || service.serve_store(peer, body))
+                        .await
+                        .unwrap_or(Err(HandlerError::Stopped))
+                }
+            })?;
+        }
         let weak = Arc::downgrade(&service.inner);
         node.handle(SYNC, move |peer, body| {
             let service = upgrade(&weak);

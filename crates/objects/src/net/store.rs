@@ -88,10 +88,12 @@ mod body;
 mod files;
 mod group;
 mod layout;
+mod writer;
 
 pub use body::{Body, ContentReader};
 pub use layout::chunk_sizes;
 use layout::*;
+pub use writer::{ContentWriter, WrittenContent};
 
 /// Content of at least this many bytes goes to a file of its own in a store on disk.
 pub const FILE_MIN_BYTES: usize = 64 << 10;
@@ -148,6 +150,13 @@ pub enum StoreError {
         key: String,
         /// What is wrong.
         reason: &'static str,
+    },
+    /// Content written piece by piece does not match the hash its write carries
+    /// ([`Store::put_written`]); nothing was stored.
+    #[error("the content written for {key:?} does not match its hash")]
+    HashMismatch {
+        /// The key.
+        key: String,
     },
 }
 
@@ -401,7 +410,10 @@ impl Store {
                         &mut chunks,
                         key,
                         stamp,
-                        &record[LEGACY_HEADER..],
+                        (
+                            &record[LEGACY_HEADER..],
+                            (record.len() - LEGACY_HEADER) as u64,
+                        ),
                         None,
                         None,
                     )?;
@@ -558,11 +570,18 @@ impl Store {
             group::Write {
                 key: key.to_string(),
                 stamp,
+                len: content.len() as u64,
                 content,
                 precondition,
                 file,
             },
         )
+    }
+
+    /// Content of at least this many bytes goes to a content file of its own; `None` for a
+    /// store that keeps no content files (one in memory).
+    pub fn file_min_bytes(&self) -> Option<usize> {
+        self.files.as_ref().map(|files| files.min_bytes)
     }
 
     fn goes_to_file(&self, content: &[u8]) -> bool {
@@ -604,6 +623,7 @@ impl Store {
             writes.push(group::Write {
                 key: key.clone(),
                 stamp: *stamp,
+                len: content.len() as u64,
                 content: content.clone(),
                 precondition: None,
                 file,

@@ -379,21 +379,37 @@ pub fn encode_store_header(clock: u64, key: &str, stamp: &Stamp) -> Vec<u8> {
     out
 }
 
-/// Decodes a store request, checking the key and the content against its hash.
-pub fn decode_store(bytes: &[u8], max_content: usize) -> Result<StoreRequest<'_>, ObjectError> {
+/// Bytes of a store request before its key: the sender's clock, the stamp and the key's length.
+pub const STORE_FIXED_LEN: usize = CLOCK_LEN + STAMP_LEN + 2;
+
+/// Decodes the first [`STORE_FIXED_LEN`] bytes of a store request: the sender's clock, the stamp
+/// and the length of the key that follows them (checked against [`MAX_KEY_LEN`]). A receiver
+/// that reads the request piece by piece reads these, then the key, then the content.
+pub fn decode_store_fixed(bytes: &[u8]) -> Result<(u64, Stamp, usize), ObjectError> {
     let (clock, body) = split_clock(bytes)?;
     let stamp = read_stamp(body)?;
+    need(bytes, STORE_FIXED_LEN)?;
     let len_at = CLOCK_LEN + STAMP_LEN;
-    need(bytes, len_at + 2)?;
     let key_len = u16::from_le_bytes([bytes[len_at], bytes[len_at + 1]]) as usize;
     if key_len > MAX_KEY_LEN {
         return Err(ObjectError::InvalidKey("longer than 256 bytes"));
     }
-    let key_start = len_at + 2;
-    need(bytes, key_start + key_len)?;
-    let key = std::str::from_utf8(&bytes[key_start..key_start + key_len])
-        .map_err(|_| ObjectError::InvalidKey("not UTF-8"))?;
+    Ok((clock, stamp, key_len))
+}
+
+/// Decodes a store request's key (the `key_len` bytes after its fixed part).
+pub fn decode_store_key(bytes: &[u8]) -> Result<&str, ObjectError> {
+    let key = std::str::from_utf8(bytes).map_err(|_| ObjectError::InvalidKey("not UTF-8"))?;
     validate_key(key)?;
+    Ok(key)
+}
+
+/// Decodes a store request, checking the key and the content against its hash.
+pub fn decode_store(bytes: &[u8], max_content: usize) -> Result<StoreRequest<'_>, ObjectError> {
+    let (clock, stamp, key_len) = decode_store_fixed(bytes)?;
+    let key_start = STORE_FIXED_LEN;
+    need(bytes, key_start + key_len)?;
+    let key = decode_store_key(&bytes[key_start..key_start + key_len])?;
     let content = key_start + key_len..bytes.len();
     if content.len() > max_content {
         return Err(ObjectError::TooLarge {

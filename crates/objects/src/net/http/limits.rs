@@ -52,9 +52,11 @@ pub struct HttpLimits {
     pub max_connections_per_client: usize,
     /// Requests handled at once (default 64); past it, a request gets `503`.
     pub max_concurrent_requests: usize,
-    /// Bytes of request bodies held at once (default 64 MiB, at least `max_object_bytes`). A PUT
-    /// reserves its `Content-Length` (`max_object_bytes` when chunked) before reading its body
-    /// and keeps it until the write is done; a PUT that does not fit gets `503 busy`.
+    /// Bytes of request bodies held at once (default 64 MiB, at least `max_object_bytes`). A
+    /// request whose body is held whole (a conditional PUT, a PUT under 64 KiB, a topic message)
+    /// reserves its `Content-Length` (the route's limit when chunked) before reading its body and
+    /// keeps it until it is done; a PUT streamed into a content file reserves one 256 KiB piece.
+    /// A request that does not fit gets `503 busy`.
     pub max_body_bytes_in_flight: usize,
     /// The `Retry-After` a `503 busy` carries (default 1 s, rounded up to whole seconds).
     pub retry_after: Duration,

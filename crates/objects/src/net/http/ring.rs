@@ -85,7 +85,10 @@ async fn submit(
         return Err(RingError::Pipeline(PipelineError::NotFirst));
     }
     let max = ring.config().max_batch_bytes;
-    let (data, _reserved) = match budget.read(&headers, body, max).await {
+    let (data, _reserved) = match budget
+        .read(super::declared_length(&headers), body, max)
+        .await
+    {
         Ok(read) => read,
         Err(BodyRefused::TooLarge { len }) => return Err(RingError::TooLarge { bytes: len, max }),
         Err(BodyRefused::Answer(response)) => return Ok(response),

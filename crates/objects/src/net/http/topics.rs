@@ -137,7 +137,14 @@ async fn publish(
     body: Body,
 ) -> Result<Response, TopicsError> {
     let topic = topics.topic(&name)?;
-    let (content, _reserved) = match budget.read(&headers, body, topic.policy.max_bytes).await {
+    let (content, _reserved) = match budget
+        .read(
+            super::declared_length(&headers),
+            body,
+            topic.policy.max_bytes,
+        )
+        .await
+    {
         Ok(read) => read,
         Err(BodyRefused::TooLarge { len }) => {
             return Err(topics.check_size(topic, len).unwrap_err())

@@ -353,7 +353,12 @@ impl ObjectService {
         content: Bytes,
     ) -> Result<Stored, ReplicaError> {
         let reply = self.request_replica(peer, STORE, header, content).await?;
-        let answer = decode_stored(&reply)?;
+        self.stored_answer(peer, &reply)
+    }
+
+    /// Decodes a replica's answer to a store request.
+    pub(super) fn stored_answer(&self, peer: PeerId, reply: &[u8]) -> Result<Stored, ReplicaError> {
+        let answer = decode_stored(reply)?;
         self.accept_answer(peer, answer.clock, None)?;
         answer.answer.map_err(|reason| {
             self.count_refused_answer(reason);

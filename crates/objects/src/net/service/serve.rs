@@ -142,7 +142,13 @@ impl ObjectService {
                 body.slice(request.content.clone()),
             )
             .map_err(handler_error)?;
-        let stored = if held == request.stamp {
+        self.stored(held, request.stamp)
+    }
+
+    /// The answer to a store request for `sent` when the store holds `held` afterwards: an ack
+    /// only when they are the same.
+    pub(super) fn stored(&self, held: Stamp, sent: Stamp) -> Result<Bytes, HandlerError> {
+        let stored = if held == sent {
             Stored::Holds
         } else {
             Stored::Superseded(held)
@@ -211,7 +217,12 @@ impl ObjectService {
         hybrid.observe(clock, now_ms).map_err(refusal_of)
     }
 
-    fn refuse(&self, peer: PeerId, key: &str, reason: Refusal) -> Result<Bytes, HandlerError> {
+    pub(super) fn refuse(
+        &self,
+        peer: PeerId,
+        key: &str,
+        reason: Refusal,
+    ) -> Result<Bytes, HandlerError> {
         self.count_refused_request(peer, key, reason);
         let clock = self.tick().map_err(handler_error)?;
         Ok(Bytes::from(object::encode_refusal(clock, reason)))

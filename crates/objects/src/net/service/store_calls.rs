@@ -6,7 +6,7 @@ use bytes::Bytes;
 
 use super::{lock, ObjectService, ObjectServiceError};
 use crate::net::store::{Body, ContentReader, Store, StoreError, StoredObject};
-use crate::proto::object::{content_hash, Stamp};
+use crate::proto::object::{content_hash, ContentHash, Stamp};
 
 impl ObjectService {
     /// The version for a new write of `key`: a tick of the hybrid clock after it observed the
@@ -19,12 +19,26 @@ impl ObjectService {
         content: &Bytes,
         after: Option<u64>,
     ) -> Result<Stamp, ObjectServiceError> {
-        let (key, content) = (key.to_string(), content.clone());
+        let content = content.clone();
+        self.next_stamp_of(key, move || content_hash(&content), after)
+            .await
+    }
+
+    /// The stamp of a new write under `key` whose content `hash` hashes (on the blocking pool,
+    /// with the read of the held copy): this node's next clock tick, after the held copy's
+    /// version and `after`.
+    pub(super) async fn next_stamp_of(
+        &self,
+        key: &str,
+        hash: impl FnOnce() -> ContentHash + Send + 'static,
+        after: Option<u64>,
+    ) -> Result<Stamp, ObjectServiceError> {
+        let key = key.to_string();
         let (held, hash) = self
             .on_store(move |store| {
                 // A damaged local copy is not observed: the write replaces it.
                 let held = store.header(&key).unwrap_or(None).map(|(stamp, _)| stamp);
-                (held, content_hash(&content))
+                (held, hash())
             })
             .await?;
         let now_ms = self.inner.physical.now_ms();

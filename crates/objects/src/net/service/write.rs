@@ -9,8 +9,9 @@ use meshwire::PeerId;
 
 use super::drive::{drive, Leftover};
 use super::metrics::OutcomeLabel;
+use super::streamed::Outgoing;
 use super::{ObjectService, ObjectServiceError, ReplicaError, WriteOutcome};
-use crate::proto::object::{self, Stored};
+use crate::proto::object::{self, Stamp, Stored};
 use crate::proto::quorum::{Policy, QuorumConfig};
 
 /// The first pause before a request a replica refused as busy is sent again; each later pause
@@ -18,6 +19,15 @@ use crate::proto::quorum::{Policy, QuorumConfig};
 const BUSY_PAUSE: Duration = Duration::from_millis(10);
 /// The longest pause between two sends of a request a replica refused as busy.
 const BUSY_PAUSE_MAX: Duration = Duration::from_millis(160);
+
+/// The content a write sends its replicas.
+#[derive(Clone)]
+pub(super) enum Copy {
+    /// In memory, shared by every send.
+    Held(Bytes),
+    /// In a content file, read piece by piece for each replica ([`super::streamed`]).
+    Written(Arc<Outgoing>),
+}
 
 impl ObjectService {
     /// Sends `peer` a request of `header` then `content` (from its own buffer) on `protocol`, and
@@ -34,16 +44,32 @@ impl ObjectService {
         header: Bytes,
         content: Bytes,
     ) -> Result<Bytes, meshwire::RequestError> {
+        let node = self.inner.node.clone();
+        self.retry_busy(|left| {
+            let (node, header, content) = (node.clone(), header.clone(), content.clone());
+            async move {
+                node.request_parts(peer, protocol, header, content, left)
+                    .await
+            }
+        })
+        .await
+    }
+
+    /// Runs `request` (given the time left) and runs it again, after a pause that doubles each
+    /// time, while the replica refuses it as busy, all within the configured deadline.
+    pub(super) async fn retry_busy<F, Fut>(
+        &self,
+        mut request: F,
+    ) -> Result<Bytes, meshwire::RequestError>
+    where
+        F: FnMut(Duration) -> Fut,
+        Fut: std::future::Future<Output = Result<Bytes, meshwire::RequestError>>,
+    {
         let deadline = tokio::time::Instant::now() + self.inner.config.deadline;
         let mut pause = BUSY_PAUSE;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let result = self
-                .inner
-                .node
-                .request_parts(peer, protocol, header.clone(), content.clone(), left)
-                .await;
-            match result {
+            match request(left).await {
                 Err(meshwire::RequestError::Busy(_))
                     if tokio::time::Instant::now() + pause < deadline =>
                 {
@@ -72,7 +98,17 @@ impl ObjectService {
     pub async fn put(&self, key: &str, content: Bytes) -> Result<WriteOutcome, ObjectServiceError> {
         let started = tokio::time::Instant::now();
         let result = self.put_inner(key, content).await;
-        let label = match &result {
+        self.count_put(started, &result);
+        result
+    }
+
+    /// Counts a write begun at `started` by its outcome (and its time, if it succeeded).
+    pub(super) fn count_put(
+        &self,
+        started: tokio::time::Instant,
+        result: &Result<WriteOutcome, ObjectServiceError>,
+    ) {
+        let label = match result {
             Ok(_) => {
                 self.observe_write(started.elapsed());
                 "ok"
@@ -82,7 +118,6 @@ impl ObjectService {
             Err(_) => "error",
         };
         self.count_write(label);
-        result
     }
 
     pub(super) fn observe_write(&self, elapsed: Duration) {
@@ -120,11 +155,21 @@ impl ObjectService {
     ) -> Result<WriteOutcome, ObjectServiceError> {
         self.check_write(key, &content)?;
         let stamp = self.next_stamp(key, &content, None).await?;
+        self.write_copies(key, stamp, Copy::Held(content)).await
+    }
+
+    /// Writes `copy` under `key` with `stamp` to the key's replicas at once; succeeds at W acks.
+    pub(super) async fn write_copies(
+        &self,
+        key: &str,
+        stamp: Stamp,
+        copy: Copy,
+    ) -> Result<WriteOutcome, ObjectServiceError> {
         let replicas = self.replicas(key);
         let config = self.write_plan(replicas.len());
         let quorum = config.quorum;
         // The version is this node's latest tick, so it is also the message's clock. The content
-        // follows the header on the wire from its own buffer (never copied to join them).
+        // follows the header on the wire from its own buffer or file (never copied to join them).
         let header = Bytes::from(object::encode_store_header(stamp.version, key, &stamp));
         let me = self.inner.node.peer_id();
         let service = self.clone();
@@ -134,21 +179,32 @@ impl ObjectService {
         let ask = move |peer: PeerId| {
             let service = service.clone();
             let header = header.clone();
-            let content = content.clone();
+            let copy = copy.clone();
             let key = key_owned.clone();
             let superseded = superseded_count.clone();
             async move {
-                let stored = if peer == me {
-                    let held = service
-                        .on_store(move |store| store.put(&key, stamp, content))
-                        .await??;
-                    if held == stamp {
-                        Stored::Holds
-                    } else {
-                        Stored::Superseded(held)
+                let stored = match (peer == me, copy) {
+                    (true, copy) => {
+                        let held = match copy {
+                            Copy::Held(content) => {
+                                service
+                                    .on_store(move |store| store.put(&key, stamp, content))
+                                    .await??
+                            }
+                            Copy::Written(outgoing) => {
+                                service.store_written_here(key, stamp, &outgoing).await?
+                            }
+                        };
+                        if held == stamp {
+                            Stored::Holds
+                        } else {
+                            Stored::Superseded(held)
+                        }
                     }
-                } else {
-                    service.store_at(peer, header, content).await?
+                    (false, Copy::Held(content)) => service.store_at(peer, header, content).await?,
+                    (false, Copy::Written(outgoing)) => {
+                        service.store_written_at(peer, header, &outgoing).await?
+                    }
                 };
                 match stored {
                     Stored::Holds => Ok(()),

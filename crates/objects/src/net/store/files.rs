@@ -94,6 +94,18 @@ impl Files {
         Ok(id)
     }
 
+    /// Creates a new, empty file to write content into; returns its id, path and the file open
+    /// for writing. Its directory entry is flushed by [`Files::sync_dir`] before the commit that
+    /// refers to it.
+    pub(super) fn create_empty(&self) -> Result<(u64, PathBuf, File), StoreError> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let path = self.path(id);
+        match OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(file) => Ok((id, path, file)),
+            Err(source) => Err(StoreError::File { path, source }),
+        }
+    }
+
     /// Flushes the directory, so the entries of the files created before survive a crash. Only on
     /// Unix: elsewhere the standard library cannot open a directory to flush it, and the store
     /// relies on the file system to keep new entries.
@@ -127,7 +139,7 @@ impl Files {
     }
 }
 
-fn remove(path: &Path) {
+pub(super) fn remove(path: &Path) {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(error) if error.kind() == ErrorKind::NotFound => {}

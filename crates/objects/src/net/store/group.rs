@@ -33,7 +33,10 @@ pub(super) type Outcome = Result<Result<Stamp, Option<Stamp>>, StoreError>;
 pub(super) struct Write {
     pub key: String,
     pub stamp: Stamp,
+    /// The content; empty when only `file` holds it (a write streamed into its file).
     pub content: Bytes,
+    /// The content's length.
+    pub len: u64,
     pub precondition: Option<Precondition>,
     /// The content file already holding `content`, if it goes to one.
     pub file: Option<u64>,
@@ -90,6 +93,7 @@ impl Group {
                 if !group.is_empty() && bytes + write.content.len() > GROUP_BYTES {
                     break;
                 }
+                // Only held content counts: a streamed write's file is written already.
                 bytes += write.content.len();
                 group.extend(state.queued.pop_front());
             }
@@ -150,7 +154,8 @@ pub(super) fn commit(store: &Store, writes: &[Write]) -> Vec<Outcome> {
     }
     let mut cache = store.cache();
     for (write, outcome) in writes.iter().zip(&outcomes) {
-        if matches!(outcome, Ok(Ok(_))) {
+        // A streamed write's content is not held: it is read from its file when asked for.
+        if matches!(outcome, Ok(Ok(_))) && write.content.len() as u64 == write.len {
             cache.insert(
                 &write.key,
                 StoredObject {
@@ -173,7 +178,7 @@ fn together(store: &Store, writes: &[Write]) -> Result<Vec<Outcome>, StoreError>
             outcomes.push(Ok(tables.apply(
                 &write.key,
                 write.stamp,
-                &write.content,
+                (&write.content, write.len),
                 write.file,
                 write.precondition,
             )?));
@@ -214,6 +219,7 @@ mod tests {
                 version,
                 hash: content_hash(&content),
             },
+            len: content.len() as u64,
             content,
             precondition,
             file: None,
@@ -307,6 +313,7 @@ mod tests {
                     version: 1,
                     hash: content_hash(&content),
                 },
+                len: content.len() as u64,
                 content,
                 precondition: None,
                 file: None,

@@ -127,7 +127,7 @@ impl<'txn> Tables<'txn> {
         &mut self,
         key: &str,
         stamp: Stamp,
-        content: &[u8],
+        (content, len): (&[u8], u64),
         file: Option<u64>,
         precondition: Option<Precondition>,
     ) -> Result<Result<Stamp, Option<Stamp>>, StoreError> {
@@ -141,12 +141,12 @@ impl<'txn> Tables<'txn> {
             &mut self.chunks,
             key,
             stamp,
-            content,
+            (content, len),
             file,
             old,
         )?;
         let old_len = old.map_or(0, |old| old.len);
-        self.add_to_total(CONTENT_BYTES, content.len() as u64, old_len)?;
+        self.add_to_total(CONTENT_BYTES, len, old_len)?;
         let old_file = old.and_then(|old| old.file());
         if let Some(id) = old_file {
             self.files.remove(id)?;
@@ -159,7 +159,7 @@ impl<'txn> Tables<'txn> {
         let file_len = |has: bool, len: u64| if has { len } else { 0 };
         self.add_to_total(
             FILE_BYTES,
-            file_len(file.is_some(), content.len() as u64),
+            file_len(file.is_some(), len),
             file_len(old_file.is_some(), old_len),
         )?;
         Ok(Ok(stamp))
@@ -179,14 +179,15 @@ impl<'txn> Tables<'txn> {
     }
 }
 
-/// Writes the header of `content` under `key` and, unless the content is in content file
-/// `file`, its pieces; removes the pieces of the `old` object the new one does not overwrite.
+/// Writes the header of `content` (`len` bytes) under `key` and, unless the content is in
+/// content file `file` (then `content` may be empty: only the file holds it), its pieces;
+/// removes the pieces of the `old` object the new one does not overwrite.
 pub(super) fn write_object(
     headers: &mut Headers<'_>,
     chunks: &mut Chunks<'_>,
     key: &str,
     stamp: Stamp,
-    content: &[u8],
+    (content, len): (&[u8], u64),
     file: Option<u64>,
     old: Option<Header>,
 ) -> Result<(), StoreError> {
@@ -205,7 +206,7 @@ pub(super) fn write_object(
     let mut header = [0u8; FILE_HEADER_LEN];
     header[..8].copy_from_slice(&stamp.version.to_le_bytes());
     header[8..40].copy_from_slice(&stamp.hash);
-    header[40..48].copy_from_slice(&(content.len() as u64).to_le_bytes());
+    header[40..48].copy_from_slice(&len.to_le_bytes());
     header[48..HEADER_LEN].copy_from_slice(&index.to_le_bytes());
     let len = match file {
         Some(id) => {

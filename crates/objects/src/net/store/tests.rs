@@ -426,3 +426,69 @@ fn readers_of_an_object_rewritten_under_them_read_whole_versions() {
     assert_eq!(store.get("k").unwrap().unwrap().stamp.version, 39);
     assert_eq!(content_files(&path).len(), 1);
 }
+
+/// Writes `content` through a content writer in pieces of `piece` bytes.
+fn written(store: &Store, content: &[u8], piece: usize) -> WrittenContent {
+    let mut writer = store.content_writer().unwrap().unwrap();
+    for part in content.chunks(piece) {
+        writer.write(part).unwrap();
+    }
+    assert_eq!(writer.len(), content.len() as u64);
+    writer.finish().unwrap()
+}
+
+#[test]
+fn content_written_in_pieces_becomes_the_objects_file_without_a_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("objects.redb");
+    let store = Store::open(&path, 1 << 20).unwrap();
+    let two = filled(3 * FILE_MIN_BYTES + 7, 2);
+    let file = written(&store, &two, 10_000);
+    assert_eq!(file.hash(), content_hash(&two));
+    let file_path = file.path().to_path_buf();
+    assert_eq!(
+        store.put_written("k", stamp(2, &two), file).unwrap(),
+        stamp(2, &two)
+    );
+    // The written file is the object's file, and the content is not held in the cache.
+    assert_eq!(file_of(&store, &path, "k"), file_path);
+    assert!(store.cached("k").is_none());
+    assert_eq!(store.get("k").unwrap().unwrap().content, two);
+    assert_eq!(
+        store.size().unwrap(),
+        StoreSize {
+            objects: 1,
+            content_bytes: two.len() as u64,
+            file_bytes: two.len() as u64,
+        }
+    );
+    // A losing write's file is removed; so is the file of one whose hash is not its stamp's,
+    // and the file of a writer dropped unfinished.
+    let one = filled(FILE_MIN_BYTES, 1);
+    let losing = written(&store, &one, 4096);
+    assert_eq!(
+        store.put_written("k", stamp(1, &one), losing).unwrap(),
+        stamp(2, &two)
+    );
+    let lying = written(&store, &one, 4096);
+    assert!(matches!(
+        store.put_written("k", stamp(3, &two), lying),
+        Err(StoreError::HashMismatch { .. })
+    ));
+    let mut dropped = store.content_writer().unwrap().unwrap();
+    dropped.write(&one).unwrap();
+    assert_eq!(content_files(&path).len(), 2);
+    drop(dropped);
+    let unfinished = written(&store, &one, 4096);
+    drop(unfinished);
+    assert_eq!(content_files(&path).len(), 1);
+    drop(store);
+    let store = Store::open(&path, 1 << 20).unwrap();
+    assert_eq!(store.get("k").unwrap().unwrap().content, two);
+    // A store in memory has no content files to write into.
+    assert!(Store::in_memory(1 << 20)
+        .unwrap()
+        .content_writer()
+        .unwrap()
+        .is_none());
+}

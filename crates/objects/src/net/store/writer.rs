@@ -1,0 +1,164 @@
+//! Writing an object's content piece by piece: [`Store::content_writer`] opens a new content file,
+//! [`ContentWriter`] appends pieces to it and hashes them as they come, and
+//! [`Store::put_written`] commits the finished file as an object's content without reading it
+//! back. A large write (an HTTP `PUT`, a replica's copy) then holds one piece at a time instead
+//! of the whole object.
+//!
+//! A file that is not committed (the write failed, lost to a newer copy, or was dropped) is
+//! removed; a crash leaves a file no header refers to, which opening the store removes (see
+//! [`super::files`]).
+
+use std::fs::File;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use meshwire_proto::hash::Sha256;
+
+use super::{group, Store, StoreError};
+use crate::proto::object::{ContentHash, Stamp};
+
+/// A content file being written; removed when dropped unfinished.
+#[derive(Debug)]
+pub struct ContentWriter {
+    file: File,
+    written: WrittenContent,
+    hasher: Sha256,
+}
+
+impl ContentWriter {
+    /// Appends `piece` to the file and to the hash.
+    pub fn write(&mut self, piece: &[u8]) -> Result<(), StoreError> {
+        self.hasher.update(piece);
+        self.written.len += piece.len() as u64;
+        self.file
+            .write_all(piece)
+            .map_err(|source| StoreError::File {
+                path: self.written.path.clone(),
+                source,
+            })
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> u64 {
+        self.written.len
+    }
+
+    /// Whether nothing was written yet.
+    pub fn is_empty(&self) -> bool {
+        self.written.len == 0
+    }
+
+    /// Flushes the file to disk and returns it, with its length and hash, ready to commit.
+    pub fn finish(mut self) -> Result<WrittenContent, StoreError> {
+        self.file.sync_data().map_err(|source| StoreError::File {
+            path: self.written.path.clone(),
+            source,
+        })?;
+        let mut written = std::mem::replace(&mut self.written, WrittenContent::disarmed());
+        written.hash = std::mem::take(&mut self.hasher).finish();
+        Ok(written)
+    }
+}
+
+/// A finished content file not yet committed as any object's content; removed when dropped
+/// uncommitted.
+#[derive(Debug)]
+pub struct WrittenContent {
+    id: u64,
+    /// Empty once the file is handed on (committed, or moved out of a writer).
+    path: PathBuf,
+    len: u64,
+    hash: ContentHash,
+}
+
+impl WrittenContent {
+    fn disarmed() -> Self {
+        Self {
+            id: 0,
+            path: PathBuf::new(),
+            len: 0,
+            hash: [0; 32],
+        }
+    }
+
+    /// The content's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the content is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// SHA-256 of the content.
+    pub fn hash(&self) -> ContentHash {
+        self.hash
+    }
+
+    /// The file, for reading it while it is committed: an open file stays readable if the
+    /// commit loses and removes it.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for WrittenContent {
+    fn drop(&mut self) {
+        if !self.path.as_os_str().is_empty() {
+            super::files::remove(&self.path);
+        }
+    }
+}
+
+impl Store {
+    /// A new content file to write an object's content into piece by piece; `None` for a
+    /// store that keeps no content files (one in memory), whose writes are held whole.
+    pub fn content_writer(&self) -> Result<Option<ContentWriter>, StoreError> {
+        let Some(files) = &self.files else {
+            return Ok(None);
+        };
+        let (id, path, file) = files.create_empty()?;
+        Ok(Some(ContentWriter {
+            file,
+            written: WrittenContent {
+                id,
+                path,
+                len: 0,
+                hash: [0; 32],
+            },
+            hasher: Sha256::new(),
+        }))
+    }
+
+    /// Stores `content` (a finished content file) under `key` with `stamp`, as [`Store::put`]
+    /// does; refused as [`StoreError::HashMismatch`] if the file's hash is not `stamp`'s. The file
+    /// becomes the object's content, or is removed if the write loses to the stored copy.
+    pub fn put_written(
+        &self,
+        key: &str,
+        stamp: Stamp,
+        mut content: WrittenContent,
+    ) -> Result<Stamp, StoreError> {
+        if content.hash != stamp.hash {
+            return Err(StoreError::HashMismatch {
+                key: key.to_string(),
+            });
+        }
+        // From here the commit owns the file: it keeps it, or removes it if the write loses.
+        content.path = PathBuf::new();
+        let outcome = self.group.write(
+            self,
+            group::Write {
+                key: key.to_string(),
+                stamp,
+                content: Bytes::new(),
+                len: content.len,
+                precondition: None,
+                file: Some(content.id),
+            },
+        )?;
+        Ok(outcome.unwrap_or_else(|held| held.unwrap_or(stamp)))
+    }
+}
