@@ -77,11 +77,7 @@ async fn cluster() -> Vec<Daemon> {
                 .unwrap(),
         );
     }
-    let ids: Vec<_> = daemons.iter().map(|d| d.node().peer_id()).collect();
-    for daemon in &daemons {
-        daemon.service().set_members(ids.iter().copied());
-    }
-    support::mesh(&daemons.iter().collect::<Vec<_>>()).await;
+    support::members_meshed(&daemons).await;
     daemons
 }
 

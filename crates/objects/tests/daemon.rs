@@ -38,11 +38,7 @@ async fn cluster() -> Vec<Daemon> {
     for _ in 0..3 {
         daemons.push(start(ObjectConfig::default(), None).await.unwrap());
     }
-    let ids: Vec<_> = daemons.iter().map(|d| d.node().peer_id()).collect();
-    for daemon in &daemons {
-        daemon.service().set_members(ids.iter().copied());
-    }
-    support::mesh(&daemons.iter().collect::<Vec<_>>()).await;
+    support::members_meshed(&daemons).await;
     daemons
 }
 
@@ -400,11 +396,7 @@ async fn a_large_put_is_streamed_into_every_replicas_content_file() {
                 .unwrap(),
         );
     }
-    let ids: Vec<_> = daemons.iter().map(|d| d.node().peer_id()).collect();
-    for daemon in &daemons {
-        daemon.service().set_members(ids.iter().copied());
-    }
-    support::mesh(&daemons.iter().collect::<Vec<_>>()).await;
+    support::members_meshed(&daemons).await;
     let content = wallet(3 << 20 | 12_345);
     let address = daemons[0].http_address().unwrap();
     let put = http(address, "PUT", "/objects/large", &content)
@@ -458,36 +450,57 @@ async fn a_large_put_is_streamed_into_every_replicas_content_file() {
     assert_eq!(content_files(dirs[1].path()), 1);
     assert!(b.service().get_local("forged").is_err());
 
-    // A body over the size limit, of unknown length (chunked), is refused once it passes the
-    // limit, and leaves no file.
+    // A short body of unknown length (chunked) is stored in the store's pages, not in a file;
+    // one over the size limit is refused once it passes the limit, and leaves no file.
+    let short = wallet(1_000);
+    let put = chunked_put(address, "/objects/short", &short, 1).await;
+    assert!(
+        put.starts_with(b"HTTP/1.1 201"),
+        "{}",
+        String::from_utf8_lossy(&put)
+    );
+    assert_eq!(
+        daemons[0].service().get_local("short").unwrap().content,
+        short
+    );
     let max = ObjectConfig::default().max_object_bytes;
+    let huge = chunked_put(
+        address,
+        "/objects/huge",
+        &[7u8; 1 << 20],
+        max / (1 << 20) + 1,
+    )
+    .await;
+    assert!(
+        huge.starts_with(b"HTTP/1.1 413"),
+        "{}",
+        String::from_utf8_lossy(&huge[..huge.len().min(200)])
+    );
+    assert_eq!(content_files(dirs[0].path()), 1);
+    shutdown(daemons).await;
+}
+
+/// A `PUT` of `piece` repeated `times`, sent chunked (no `Content-Length`); stops sending when
+/// the node cuts the connection. Returns the raw answer.
+async fn chunked_put(address: SocketAddr, path: &str, piece: &[u8], times: usize) -> Vec<u8> {
     let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
     let head = format!(
-        "PUT /objects/huge HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "PUT {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
     );
     stream.write_all(head.as_bytes()).await.unwrap();
-    let piece = vec![7u8; 1 << 20];
-    let mut sent = 0;
-    while sent <= max {
-        let chunk = format!("{:x}\r\n", piece.len());
+    for _ in 0..times {
+        let size = format!("{:x}\r\n", piece.len());
         let written = async {
-            stream.write_all(chunk.as_bytes()).await?;
-            stream.write_all(&piece).await?;
+            stream.write_all(size.as_bytes()).await?;
+            stream.write_all(piece).await?;
             stream.write_all(b"\r\n").await
         };
         if written.await.is_err() {
             break;
         }
-        sent += piece.len();
     }
     let _ = stream.write_all(b"0\r\n\r\n").await;
     let mut raw = Vec::new();
     let _ = stream.read_to_end(&mut raw).await;
-    assert!(
-        raw.starts_with(b"HTTP/1.1 413"),
-        "{}",
-        String::from_utf8_lossy(&raw[..raw.len().min(200)])
-    );
-    assert_eq!(content_files(dirs[0].path()), 1);
-    shutdown(daemons).await;
+    raw
 }

@@ -8,7 +8,7 @@ use meshwire_proto::wire::{
     self, EncodedMessage, ErrorCode, Kind, MsgHeader, ProtocolId, WireError,
 };
 use meshwire_proto::PeerId;
-use quinn::{Connection, ConnectionError, ReadError, RecvStream, WriteError};
+use quinn::{Connection, ConnectionError, ReadError, RecvStream, SendStream, WriteError};
 use tokio::time::Instant;
 
 use super::{Inner, Node};
@@ -150,6 +150,13 @@ impl Inner {
     }
 }
 
+/// A request's stream, opened: the connection, the message id and the stream's two halves, and
+/// the bytes that precede the payload.
+pub(super) struct OpenedRequest {
+    pub stream: (Connection, u64, SendStream, RecvStream),
+    pub head: [Bytes; 2],
+}
+
 impl Inner {
     async fn request_once(
         self: Arc<Self>,
@@ -157,28 +164,17 @@ impl Inner {
         protocol: ProtocolId,
         payload: [Bytes; 2],
     ) -> Result<Bytes, RequestError> {
-        let (connection, dst) = self.current(peer).ok_or(RequestError::NotConnected(peer))?;
-        let message_id = self.next_id();
-        let header = MsgHeader {
-            kind: Kind::Request,
-            flags: 0,
-            protocol,
-            message_id,
-        };
         let payload_len: usize = payload.iter().map(Bytes::len).sum();
-        let head = EncodedMessage::encode_head(&header, payload_len, &self.config.limits)
-            .map_err(RequestError::TooLarge)?;
+        let opened = self.open_request(peer, protocol, payload_len).await?;
+        let (connection, message_id, mut send, recv) = opened.stream;
         // Empty pieces are left out: a write of nothing but empty chunks could wait on flow
         // control for nothing.
-        let mut chunks: Vec<Bytes> = [head, dst.bytes()]
+        let mut chunks: Vec<Bytes> = opened
+            .head
             .into_iter()
             .chain(payload)
             .filter(|chunk| !chunk.is_empty())
             .collect();
-        let (mut send, recv) = connection
-            .open_bi()
-            .await
-            .map_err(RequestError::ConnectionLost)?;
         // A responder that refuses a request from its header (one over its frame limit) stops
         // reading it and still answers: after a stopped write, that answer is read.
         let stopped = match send.write_all_chunks(&mut chunks).await {
@@ -194,6 +190,34 @@ impl Inner {
             .count_sent(&counters, (wire::FRAME_OVERHEAD + payload_len) as u64);
         self.read_response(&connection, peer, recv, message_id, stopped)
             .await
+    }
+
+    /// Opens the stream of a request on `protocol` to `peer` with a payload of `payload_len`
+    /// bytes, and encodes what precedes the payload (frame and message header, destination).
+    pub(super) async fn open_request(
+        &self,
+        peer: PeerId,
+        protocol: ProtocolId,
+        payload_len: usize,
+    ) -> Result<OpenedRequest, RequestError> {
+        let (connection, dst) = self.current(peer).ok_or(RequestError::NotConnected(peer))?;
+        let message_id = self.next_id();
+        let header = MsgHeader {
+            kind: Kind::Request,
+            flags: 0,
+            protocol,
+            message_id,
+        };
+        let head = EncodedMessage::encode_head(&header, payload_len, &self.config.limits)
+            .map_err(RequestError::TooLarge)?;
+        let (send, recv) = connection
+            .open_bi()
+            .await
+            .map_err(RequestError::ConnectionLost)?;
+        Ok(OpenedRequest {
+            stream: (connection, message_id, send, recv),
+            head: [head, dst.bytes()],
+        })
     }
 
     /// Reads the answer to request `message_id` from `recv`; `stopped` is the write error of a

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use meshwire_proto::wire::{self, EncodedMessage, Kind, MsgHeader, ProtocolId};
+use meshwire_proto::wire::{self, ProtocolId};
 use meshwire_proto::PeerId;
 use quinn::{ReadError, RecvStream, VarInt, WriteError};
 use tokio::sync::OwnedSemaphorePermit;
@@ -191,26 +191,16 @@ impl Inner {
         body_len: u64,
         mut body: S,
     ) -> Result<Bytes, RequestError> {
-        let (connection, dst) = self.current(peer).ok_or(RequestError::NotConnected(peer))?;
-        let message_id = self.next_id();
-        let header = MsgHeader {
-            kind: Kind::Request,
-            flags: 0,
-            protocol,
-            message_id,
-        };
         let payload_len = usize::try_from(body_len)
             .ok()
             .and_then(|len| len.checked_add(head.len()))
             .ok_or_else(|| RequestError::Source(format!("a body of {body_len} bytes")))?;
-        let frame_head = EncodedMessage::encode_head(&header, payload_len, &self.config.limits)
-            .map_err(RequestError::TooLarge)?;
-        let (mut send, recv) = connection
-            .open_bi()
-            .await
-            .map_err(RequestError::ConnectionLost)?;
-        let mut chunks: Vec<Bytes> = [frame_head, dst.bytes(), head]
+        let opened = self.open_request(peer, protocol, payload_len).await?;
+        let (connection, message_id, mut send, recv) = opened.stream;
+        let mut chunks: Vec<Bytes> = opened
+            .head
             .into_iter()
+            .chain([head])
             .filter(|chunk| !chunk.is_empty())
             .collect();
         let mut sent = 0u64;

@@ -1,4 +1,4 @@
-//! What the object tests share: connecting daemons into a full mesh.
+//! What the object tests share: connecting daemons into a full mesh, members of one cluster.
 
 use std::time::Duration;
 
@@ -29,4 +29,14 @@ pub async fn mesh(daemons: &[&Daemon]) {
     })
     .await
     .expect("the daemons connect");
+}
+
+/// Makes `daemons` the members of one cluster and connects every pair.
+#[allow(dead_code)] // Not every test crate forms a cluster.
+pub async fn members_meshed(daemons: &[Daemon]) {
+    let ids: Vec<_> = daemons.iter().map(|d| d.node().peer_id()).collect();
+    for daemon in daemons {
+        daemon.service().set_members(ids.iter().copied());
+    }
+    mesh(&daemons.iter().collect::<Vec<_>>()).await;
 }

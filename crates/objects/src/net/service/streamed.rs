@@ -91,16 +91,13 @@ impl ObjectWriter {
         Ok(())
     }
 
-    /// Writes what is left and flushes the file to disk.
+    /// Writes what is left; the file is flushed to disk when it is committed.
     pub async fn finish(mut self) -> Result<WrittenContent, ObjectServiceError> {
         if !self.piece.is_empty() {
             self.flush().await?;
         }
         let writer = self.writer.take().ok_or(StoreError::Stopped)?;
-        let inline = self.service.inner.inline_store;
-        Ok(blocking(inline, move || writer.finish())
-            .await
-            .ok_or(StoreError::Stopped)??)
+        Ok(writer.finish())
     }
 }
 
@@ -174,6 +171,21 @@ impl ObjectService {
                 len: usize::try_from(content.len()).unwrap_or(usize::MAX),
                 max,
             });
+        }
+        if self
+            .streamed_min_bytes()
+            .is_none_or(|min| content.len() < min as u64)
+        {
+            // Content small enough to live in the store's own pages (a short body of unknown
+            // length): read back and written as content in memory is, and its file removed.
+            let path = content.path().to_path_buf();
+            let read = path.clone();
+            let small = blocking(self.inner.inline_store, move || std::fs::read(read))
+                .await
+                .ok_or(StoreError::Stopped)?
+                .map_err(|source| StoreError::File { path, source })?;
+            drop(content);
+            return self.put_inner(key, Bytes::from(small)).await;
         }
         let hash = content.hash();
         let stamp = self.next_stamp_of(key, move || hash, None).await?;

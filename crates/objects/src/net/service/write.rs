@@ -148,7 +148,7 @@ impl ObjectService {
         Ok(())
     }
 
-    async fn put_inner(
+    pub(super) async fn put_inner(
         &self,
         key: &str,
         content: Bytes,

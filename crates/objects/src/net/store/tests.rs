@@ -434,7 +434,7 @@ fn written(store: &Store, content: &[u8], piece: usize) -> WrittenContent {
         writer.write(part).unwrap();
     }
     assert_eq!(writer.len(), content.len() as u64);
-    writer.finish().unwrap()
+    writer.finish()
 }
 
 #[test]

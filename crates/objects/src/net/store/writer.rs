@@ -21,7 +21,8 @@ use crate::proto::object::{ContentHash, Stamp};
 /// A content file being written; removed when dropped unfinished.
 #[derive(Debug)]
 pub struct ContentWriter {
-    file: File,
+    /// Handed to the [`WrittenContent`] when finished.
+    file: Option<File>,
     written: WrittenContent,
     hasher: Sha256,
 }
@@ -31,12 +32,11 @@ impl ContentWriter {
     pub fn write(&mut self, piece: &[u8]) -> Result<(), StoreError> {
         self.hasher.update(piece);
         self.written.len += piece.len() as u64;
-        self.file
-            .write_all(piece)
-            .map_err(|source| StoreError::File {
-                path: self.written.path.clone(),
-                source,
-            })
+        let file = self.file.as_mut().ok_or(StoreError::Stopped)?;
+        file.write_all(piece).map_err(|source| StoreError::File {
+            path: self.written.path.clone(),
+            source,
+        })
     }
 
     /// Bytes written so far.
@@ -49,15 +49,14 @@ impl ContentWriter {
         self.written.len == 0
     }
 
-    /// Flushes the file to disk and returns it, with its length and hash, ready to commit.
-    pub fn finish(mut self) -> Result<WrittenContent, StoreError> {
-        self.file.sync_data().map_err(|source| StoreError::File {
-            path: self.written.path.clone(),
-            source,
-        })?;
+    /// The file, with its length and hash, ready to commit. It is flushed to disk by the commit
+    /// ([`Store::put_written`]), so a node sending it to other replicas meanwhile does not wait
+    /// for the disk first.
+    pub fn finish(mut self) -> WrittenContent {
         let mut written = std::mem::replace(&mut self.written, WrittenContent::disarmed());
         written.hash = std::mem::take(&mut self.hasher).finish();
-        Ok(written)
+        written.file = self.file.take();
+        written
     }
 }
 
@@ -66,6 +65,8 @@ impl ContentWriter {
 #[derive(Debug)]
 pub struct WrittenContent {
     id: u64,
+    /// Open for writing, to flush it before the commit.
+    file: Option<File>,
     /// Empty once the file is handed on (committed, or moved out of a writer).
     path: PathBuf,
     len: u64,
@@ -76,6 +77,7 @@ impl WrittenContent {
     fn disarmed() -> Self {
         Self {
             id: 0,
+            file: None,
             path: PathBuf::new(),
             len: 0,
             hash: [0; 32],
@@ -121,9 +123,10 @@ impl Store {
         };
         let (id, path, file) = files.create_empty()?;
         Ok(Some(ContentWriter {
-            file,
+            file: Some(file),
             written: WrittenContent {
                 id,
+                file: None,
                 path,
                 len: 0,
                 hash: [0; 32],
@@ -145,6 +148,13 @@ impl Store {
             return Err(StoreError::HashMismatch {
                 key: key.to_string(),
             });
+        }
+        // A committed header never refers to a file a crash could lose (see `files`).
+        if let Some(file) = content.file.take() {
+            file.sync_data().map_err(|source| StoreError::File {
+                path: content.path.clone(),
+                source,
+            })?;
         }
         // From here the commit owns the file: it keeps it, or removes it if the write loses.
         content.path = PathBuf::new();
