@@ -212,10 +212,15 @@ impl Cache {
         }
     }
 
+    /// Whether an object of `len` bytes is kept: one larger than a quarter of the cache would
+    /// evict too much to be worth keeping.
+    fn keeps(&self, len: u64) -> bool {
+        len <= (self.limit_bytes / 4) as u64
+    }
+
     fn insert(&mut self, key: &str, object: StoredObject) {
         self.remove(key);
-        // An object larger than a quarter of the cache would evict too much to be worth keeping.
-        if object.content.len() > self.limit_bytes / 4 {
+        if !self.keeps(object.content.len() as u64) {
             return;
         }
         while self.bytes + object.content.len() > self.limit_bytes {

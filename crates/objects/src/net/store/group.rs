@@ -33,7 +33,8 @@ pub(super) type Outcome = Result<Result<Stamp, Option<Stamp>>, StoreError>;
 pub(super) struct Write {
     pub key: String,
     pub stamp: Stamp,
-    /// The content; empty when only `file` holds it (a write streamed into its file).
+    /// The content; empty when only `file` holds it (a write streamed into its file, of an
+    /// object too large for the object cache).
     pub content: Bytes,
     /// The content's length.
     pub len: u64,
@@ -154,7 +155,7 @@ pub(super) fn commit(store: &Store, writes: &[Write]) -> Vec<Outcome> {
     }
     let mut cache = store.cache();
     for (write, outcome) in writes.iter().zip(&outcomes) {
-        // A streamed write's content is not held: it is read from its file when asked for.
+        // A streamed write's content not held is read from its file when asked for.
         if matches!(outcome, Ok(Ok(_))) && write.content.len() as u64 == write.len {
             cache.insert(
                 &write.key,

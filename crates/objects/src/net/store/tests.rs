@@ -450,7 +450,8 @@ fn content_written_in_pieces_becomes_the_objects_file_without_a_copy() {
         store.put_written("k", stamp(2, &two), file).unwrap(),
         stamp(2, &two)
     );
-    // The written file is the object's file, and the content is not held in the cache.
+    // The written file is the object's file; content too large for the cache (over a quarter of
+    // its 512 KiB) is not held there, content that fits is.
     assert_eq!(file_of(&store, &path, "k"), file_path);
     assert!(store.cached("k").is_none());
     assert_eq!(store.get("k").unwrap().unwrap().content, two);
@@ -462,6 +463,11 @@ fn content_written_in_pieces_becomes_the_objects_file_without_a_copy() {
             file_bytes: two.len() as u64,
         }
     );
+    let fits = filled(FILE_MIN_BYTES, 5);
+    let file = written(&store, &fits, 4096);
+    store.put_written("fits", stamp(1, &fits), file).unwrap();
+    assert_eq!(store.cached("fits").unwrap().content, fits);
+    assert_eq!(content_files(&path).len(), 2);
     // A losing write's file is removed; so is the file of one whose hash is not its stamp's,
     // and the file of a writer dropped unfinished.
     let one = filled(FILE_MIN_BYTES, 1);
@@ -477,11 +483,11 @@ fn content_written_in_pieces_becomes_the_objects_file_without_a_copy() {
     ));
     let mut dropped = store.content_writer().unwrap().unwrap();
     dropped.write(&one).unwrap();
-    assert_eq!(content_files(&path).len(), 2);
+    assert_eq!(content_files(&path).len(), 3);
     drop(dropped);
     let unfinished = written(&store, &one, 4096);
     drop(unfinished);
-    assert_eq!(content_files(&path).len(), 1);
+    assert_eq!(content_files(&path).len(), 2);
     drop(store);
     let store = Store::open(&path, 1 << 20).unwrap();
     assert_eq!(store.get("k").unwrap().unwrap().content, two);

@@ -156,6 +156,21 @@ impl Store {
                 source,
             })?;
         }
+        // An object the cache keeps is read back (from the page cache) and enters it with the
+        // commit, as a write of content in memory does: readers of a freshly written hot object
+        // then share one checked buffer instead of each reading and hashing the file (250
+        // concurrent GETs of a 5 MB object in `bench/http.sh`: 162 requests/s from the file,
+        // 620 from the cache).
+        let held = if self.cache().keeps(content.len) {
+            std::fs::read(&content.path)
+                .map(Bytes::from)
+                .map_err(|source| StoreError::File {
+                    path: content.path.clone(),
+                    source,
+                })?
+        } else {
+            Bytes::new()
+        };
         // From here the commit owns the file: it keeps it, or removes it if the write loses.
         content.path = PathBuf::new();
         let outcome = self.group.write(
@@ -163,7 +178,7 @@ impl Store {
             group::Write {
                 key: key.to_string(),
                 stamp,
-                content: Bytes::new(),
+                content: held,
                 len: content.len,
                 precondition: None,
                 file: Some(content.id),
