@@ -190,14 +190,25 @@ impl ObjectService {
         let hash = content.hash();
         let stamp = self.next_stamp_of(key, move || hash, None).await?;
         let me = self.inner.node.peer_id();
-        let mut handles = HashMap::new();
-        for peer in self.replicas(key).into_iter().filter(|peer| *peer != me) {
-            let file = File::open(content.path()).map_err(|source| StoreError::File {
-                path: content.path().to_path_buf(),
-                source,
-            })?;
-            handles.insert(peer, file);
-        }
+        let others: Vec<PeerId> = self
+            .replicas(key)
+            .into_iter()
+            .filter(|peer| *peer != me)
+            .collect();
+        let path = content.path().to_path_buf();
+        let handles = blocking(self.inner.inline_store, move || {
+            let mut handles = HashMap::new();
+            for peer in others {
+                let file = File::open(&path).map_err(|source| StoreError::File {
+                    path: path.clone(),
+                    source,
+                })?;
+                handles.insert(peer, file);
+            }
+            Ok::<_, StoreError>(handles)
+        })
+        .await
+        .ok_or(StoreError::Stopped)??;
         let outgoing = Arc::new(Outgoing {
             len: content.len(),
             content: Mutex::new(Some(content)),
