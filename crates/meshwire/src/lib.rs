@@ -4,7 +4,8 @@
 //! proves it in the TLS 1.3 handshake; there are no certificate authorities. Messages to a peer
 //! travel in order over one stream and queue in a bounded per-peer queue; [`Node::send_many`]
 //! encodes a message once for any number of peers; [`Node::request`] runs a request/response
-//! exchange under one deadline. The wire format and the protocol policies live in the sans-IO
+//! exchange under one deadline, and [`Node::request_streamed`] / [`Node::handle_streamed`] carry
+//! a large request body piece by piece so that neither end holds it whole. The wire format and the protocol policies live in the sans-IO
 //! crate [`meshwire_proto`]; this crate is the tokio driver around them.
 //!
 //! ```no_run
