@@ -449,6 +449,30 @@ async fn a_large_put_is_streamed_into_every_replicas_content_file() {
     );
     assert_eq!(content_files(dirs[1].path()), 1);
     assert!(b.service().get_local("forged").is_err());
+    // A large copy from a node outside the cluster is refused before its content is read.
+    let intruder = start(ObjectConfig::default(), None).await.unwrap();
+    support::mesh(&[&intruder, b]).await;
+    let content = wallet(200_000);
+    let stamp = Stamp {
+        version: now,
+        hash: content_hash(&content),
+    };
+    let header = Bytes::from(object::encode_store_header(now, "intruded", &stamp));
+    let reply = intruder
+        .node()
+        .request_parts(
+            b.node().peer_id(),
+            STORE,
+            header,
+            Bytes::from(content),
+            REQUEST_DEADLINE,
+        )
+        .await
+        .unwrap();
+    let answer = object::decode_stored(&reply).unwrap();
+    assert_eq!(answer.answer, Err(object::Refusal::NotMember));
+    assert_eq!(content_files(dirs[1].path()), 1);
+    intruder.shutdown().await.unwrap();
 
     // A short body of unknown length (chunked) is stored in the store's pages, not in a file;
     // one over the size limit is refused once it passes the limit, and leaves no file.
