@@ -45,11 +45,12 @@ pub use meshwire_proto::wire::{Limits, ProtocolId};
 pub use meshwire_proto::{self as proto, PeerId};
 pub use metrics::Metrics;
 pub use node::{
-    split_into_chunks, BatchError, BatchSender, BodyError, BodySource, ConnectionEvent,
+    split_into_chunks, AnswerBody, BatchError, BatchSender, BodyError, BodySource, ConnectionEvent,
     DatagramBacklog, DialError, Direction, HandlerError, InboundBatch, InboundMessage, Inbox, Node,
     NodeError, PeerChange, PeerEvents, PeerStatus, RequestBody, RequestError, SendError,
-    SendManyReport, ServiceError, SubscribeError, CLOSE_DUPLICATE, CLOSE_PROTOCOL_VIOLATION,
-    CLOSE_SHUTDOWN, RESET_BATCH_ABANDONED, STOP_BATCH_DISCARDED, STOP_BATCH_MALFORMED,
-    STOP_BATCH_NO_SUBSCRIBER, STOP_BATCH_REPAIRED, STOP_STREAM_TIMEOUT, STREAMED_PIECE_BYTES,
+    SendManyReport, ServiceError, StreamedAnswer, SubscribeError, CLOSE_DUPLICATE,
+    CLOSE_PROTOCOL_VIOLATION, CLOSE_SHUTDOWN, RESET_BATCH_ABANDONED, STOP_BATCH_DISCARDED,
+    STOP_BATCH_MALFORMED, STOP_BATCH_NO_SUBSCRIBER, STOP_BATCH_REPAIRED, STOP_STREAM_TIMEOUT,
+    STREAMED_PIECE_BYTES,
 };
 pub use udp::SocketBuffers;

@@ -81,7 +81,9 @@ pub use registry::SubscribeError;
 pub use request::RequestError;
 use serve::Handler;
 pub use serve::{HandlerError, ServiceError};
-pub use streamed::{BodyError, BodySource, RequestBody, STREAMED_PIECE_BYTES};
+pub use streamed::{
+    AnswerBody, BodyError, BodySource, RequestBody, StreamedAnswer, STREAMED_PIECE_BYTES,
+};
 
 /// Connection close code: the node is shutting down.
 pub const CLOSE_SHUTDOWN: u32 = 0;

@@ -383,3 +383,64 @@ async fn a_streamed_request_whose_source_fails_or_lies_is_cut_and_the_node_keeps
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&answer), "head: 1 30 20");
 }
+
+#[tokio::test]
+async fn a_streamed_answer_is_read_as_it_arrives_and_a_failing_source_fails_it() {
+    let a = start(1);
+    let b = start(2);
+    // The request names the answer: "ok" streams 1 MB in pieces, "fail" fails after one piece.
+    b.handle_streamed_answers(ECHO, |_, request| async move {
+        let fail = &request[..] == b"fail";
+        let (len, source) = pieces(&[1, 400_000, 600_000], fail);
+        let len = if fail { len + 1 } else { len };
+        Ok((
+            Bytes::from_static(b"head:"),
+            meshwire::AnswerBody::Streamed(meshwire::StreamedAnswer::new(len, source)),
+        ))
+    })
+    .unwrap();
+    connect(&a, &b).await;
+    let mut answer = a
+        .request_streamed_answer(b.peer_id(), ECHO, Bytes::from_static(b"ok"), PATIENCE)
+        .await
+        .unwrap();
+    assert_eq!(answer.len(), 1_000_006);
+    assert_eq!(&answer.read_exact(5).await.unwrap()[..], b"head:");
+    let mut read = Vec::new();
+    while let Some(piece) = answer.next_piece().await.unwrap() {
+        read.extend_from_slice(&piece);
+    }
+    let expected: Vec<u8> = [vec![0u8; 1], vec![1u8; 400_000], vec![2u8; 600_000]].concat();
+    assert!(read == expected, "the answer's body differs");
+
+    // The reset may overtake the answer's head (then the request fails) or not (then reading
+    // its body fails); it never ends cleanly.
+    let failed = a
+        .request_streamed_answer(b.peer_id(), ECHO, Bytes::from_static(b"fail"), PATIENCE)
+        .await;
+    if let Ok(mut failed) = failed {
+        let mut outcome = Ok(Some(Bytes::new()));
+        while let Ok(Some(_)) = outcome {
+            outcome = failed.next_piece().await;
+        }
+        assert!(outcome.is_err(), "a failed source ended the answer cleanly");
+    } else {
+        assert!(
+            matches!(failed, Err(RequestError::ReadFailed(_))),
+            "{failed:?}"
+        );
+    }
+
+    // An error answer is the request's error; an answer sent whole reads the same way.
+    let refused = a
+        .request_streamed_answer(b.peer_id(), CHAT, Bytes::new(), PATIENCE)
+        .await;
+    assert!(matches!(refused, Err(RequestError::Refused(_))), "{refused:?}");
+    b.handle(CHAT, |_, body| async move { Ok(body) }).unwrap();
+    let mut whole = a
+        .request_streamed_answer(b.peer_id(), CHAT, Bytes::from_static(b"whole"), PATIENCE)
+        .await
+        .unwrap();
+    assert_eq!(&whole.read_exact(5).await.unwrap()[..], b"whole");
+    assert_eq!(whole.next_piece().await.unwrap(), None);
+}

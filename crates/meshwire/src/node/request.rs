@@ -127,11 +127,11 @@ impl Node {
 
 impl Inner {
     /// Runs a request's `exchange` under `deadline` and counts its outcome and duration.
-    pub(super) async fn timed_request(
+    pub(super) async fn timed_request<T>(
         &self,
         deadline: Duration,
-        exchange: impl std::future::Future<Output = Result<Bytes, RequestError>>,
-    ) -> Result<Bytes, RequestError> {
+        exchange: impl std::future::Future<Output = Result<T, RequestError>>,
+    ) -> Result<T, RequestError> {
         let started = Instant::now();
         let result = match tokio::time::timeout(deadline, exchange).await {
             Ok(result) => result,
@@ -254,20 +254,31 @@ impl Inner {
         }
         match frame.header.kind {
             Kind::Response if frame.header.message_id == message_id => Ok(frame.payload),
-            Kind::ErrorResponse => match wire::decode_error_payload(&frame.payload) {
-                Ok((ErrorCode::Handler, reason)) => Err(RequestError::Remote(reason)),
-                Ok((ErrorCode::NoHandler, reason)) => Err(RequestError::Refused(reason)),
-                Ok((ErrorCode::TooLarge, reason)) => Err(RequestError::RemoteTooLarge(reason)),
-                Ok((ErrorCode::Malformed, reason)) => Err(RequestError::RemoteMalformed(reason)),
-                Ok((ErrorCode::Busy, reason)) => Err(RequestError::Busy(reason)),
-                Err(error) => {
-                    self.protocol_violation(connection, peer, wire_error_label(&error));
-                    Err(RequestError::Malformed(error))
-                }
-            },
+            Kind::ErrorResponse => Err(self.error_answer(connection, peer, &frame.payload)),
             _ => {
                 self.protocol_violation(connection, peer, "unexpected_kind");
                 Err(RequestError::UnexpectedResponse)
+            }
+        }
+    }
+
+    /// The error an error response's `payload` reports; one that does not decode closes the
+    /// connection.
+    pub(super) fn error_answer(
+        &self,
+        connection: &Connection,
+        peer: PeerId,
+        payload: &[u8],
+    ) -> RequestError {
+        match wire::decode_error_payload(payload) {
+            Ok((ErrorCode::Handler, reason)) => RequestError::Remote(reason),
+            Ok((ErrorCode::NoHandler, reason)) => RequestError::Refused(reason),
+            Ok((ErrorCode::TooLarge, reason)) => RequestError::RemoteTooLarge(reason),
+            Ok((ErrorCode::Malformed, reason)) => RequestError::RemoteMalformed(reason),
+            Ok((ErrorCode::Busy, reason)) => RequestError::Busy(reason),
+            Err(error) => {
+                self.protocol_violation(connection, peer, wire_error_label(&error));
+                RequestError::Malformed(error)
             }
         }
     }

@@ -12,7 +12,7 @@ use meshwire_proto::PeerId;
 use quinn::{Connection, RecvStream, SendStream, VarInt};
 
 use super::registry::Attachment;
-use super::streamed::{RequestBody, STREAMED_PIECE_BYTES};
+use super::streamed::{AnswerBody, RequestBody, STREAMED_PIECE_BYTES};
 use super::{Inner, Node, SubscribeError};
 use crate::framing::{read_bytes, read_frame_header, wire_error_label, ReadFrameError};
 
@@ -39,7 +39,8 @@ pub enum HandlerError {
 }
 
 /// An answer in two pieces, written one after the other (see [`Node::handle_parts`]).
-type HandlerFuture = Pin<Box<dyn Future<Output = Result<[Bytes; 2], HandlerError>> + Send>>;
+type HandlerFuture =
+    Pin<Box<dyn Future<Output = Result<(Bytes, AnswerBody), HandlerError>> + Send>>;
 /// A handler given each request's payload whole.
 pub(super) type WholeHandler = Arc<dyn Fn(PeerId, Bytes) -> HandlerFuture + Send + Sync>;
 /// A handler that reads each request's payload as it arrives ([`Node::handle_streamed`]).
@@ -87,7 +88,7 @@ impl Node {
     {
         let handler: WholeHandler = Arc::new(move |peer, body| {
             let answer = handler(peer, body);
-            Box::pin(async move { answer.await.map(|body| [Bytes::new(), body]) })
+            Box::pin(async move { answer.await.map(|body| (Bytes::new(), body.into())) })
         });
         self.inner
             .handlers
@@ -108,7 +109,7 @@ impl Node {
     {
         let handler: WholeHandler = Arc::new(move |peer, body| {
             let answer = handler(peer, body);
-            Box::pin(async move { answer.await.map(|(head, body)| [head, body]) })
+            Box::pin(async move { answer.await.map(|(head, body)| (head, body.into())) })
         });
         self.inner
             .handlers
@@ -142,7 +143,7 @@ impl Inner {
             Kind::ErrorResponse,
             ProtocolId(0),
             0,
-            [Bytes::new(), reply],
+            (Bytes::new(), reply.into()),
             &limits,
         )
         .await;
@@ -269,7 +270,8 @@ impl Inner {
                 if !self.accept_head(&connection, remote, head, Kind::Request, &counters) {
                     return;
                 }
-                let body = RequestBody::new(recv, payload_len as u64, started, timeout, budget);
+                let body =
+                    RequestBody::new(recv, payload_len as u64, started, timeout, Some(budget));
                 (message, Some(handler(remote, body).await))
             }
             Arrival::Busy => return,
@@ -278,7 +280,10 @@ impl Inner {
         let error = |code, text: &str| {
             (
                 Kind::ErrorResponse,
-                [Bytes::new(), wire::encode_error_payload(code, text)],
+                (
+                    Bytes::new(),
+                    AnswerBody::from(wire::encode_error_payload(code, text)),
+                ),
             )
         };
         let (kind, body) = match answer {
@@ -287,7 +292,7 @@ impl Inner {
                 &format!("no handler for protocol {}", protocol.0),
             ),
             Some(Ok(parts)) => {
-                let len: u64 = parts.iter().map(|part| part.len() as u64).sum();
+                let len = parts.0.len() as u64 + parts.1.len();
                 if len > u64::from(limits.max_payload_bytes) {
                     error(
                         ErrorCode::TooLarge,
@@ -319,7 +324,7 @@ impl Inner {
         kind: Kind,
         protocol: ProtocolId,
         message_id: u64,
-        [head, body]: [Bytes; 2],
+        (head, body): (Bytes, AnswerBody),
         limits: &Limits,
     ) {
         let header = MsgHeader {
@@ -328,13 +333,24 @@ impl Inner {
             protocol,
             message_id,
         };
-        let body = if kind == Kind::ErrorResponse {
+        let (body, mut streamed) = match body {
             // An error reason is cut to fit the limit rather than lost.
-            body.slice(..body.len().min(limits.max_payload_bytes as usize))
-        } else {
-            body
+            AnswerBody::Held(body) if kind == Kind::ErrorResponse => (
+                body.slice(..body.len().min(limits.max_payload_bytes as usize)),
+                None,
+            ),
+            AnswerBody::Held(body) => (body, None),
+            AnswerBody::Streamed(answer) => (Bytes::new(), Some(answer)),
         };
-        let payload_len = head.len() + body.len();
+        let body_len = streamed
+            .as_ref()
+            .map_or(body.len() as u64, |answer| answer.len);
+        let Some(payload_len) = usize::try_from(body_len)
+            .ok()
+            .and_then(|len| len.checked_add(head.len()))
+        else {
+            return;
+        };
         let Ok(frame_head) = EncodedMessage::encode_head(&header, payload_len, limits) else {
             return;
         };
@@ -343,11 +359,17 @@ impl Inner {
             .into_iter()
             .filter(|chunk| !chunk.is_empty())
             .collect();
-        if send.write_all_chunks(&mut chunks).await.is_ok() {
-            let counters = self.metrics.peer_counters(&remote);
-            self.metrics
-                .count_sent(&counters, (wire::FRAME_OVERHEAD + payload_len) as u64);
+        if send.write_all_chunks(&mut chunks).await.is_err() {
+            return;
         }
+        if let Some(answer) = streamed.as_mut() {
+            if !answer.send(send).await {
+                return;
+            }
+        }
+        let counters = self.metrics.peer_counters(&remote);
+        self.metrics
+            .count_sent(&counters, (wire::FRAME_OVERHEAD + payload_len) as u64);
         let _ = send.finish();
     }
 }

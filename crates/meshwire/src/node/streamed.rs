@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use meshwire_proto::wire::{self, ProtocolId};
+use meshwire_proto::wire::{self, Kind, ProtocolId};
 use meshwire_proto::PeerId;
 use quinn::{ReadError, RecvStream, VarInt, WriteError};
 use tokio::sync::OwnedSemaphorePermit;
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::serve::{Handler, HandlerError, StreamedHandler};
 use super::{Inner, Node, RequestError, SubscribeError};
+use crate::framing::{read_bytes, read_frame_header, wire_error_label, ReadFrameError};
 
 /// The largest piece a [`RequestBody`] hands its handler at once; also what a streamed request
 /// reserves of the node's inbound request budget (`inbound_request_bytes`) while it is served.
@@ -29,6 +30,98 @@ const RESET_SOURCE_FAILED: u32 = 2;
 pub trait BodySource: Send {
     /// The next piece of the body, or `None` after the last one.
     fn next_piece(&mut self) -> impl Future<Output = std::io::Result<Option<Bytes>>> + Send;
+}
+
+/// A [`BodySource`] behind a pointer: the answers of one handler may come from sources of
+/// different types.
+trait DynSource: Send {
+    fn next_piece_boxed(
+        &mut self,
+    ) -> std::pin::Pin<Box<dyn Future<Output = std::io::Result<Option<Bytes>>> + Send + '_>>;
+}
+
+impl<S: BodySource> DynSource for S {
+    fn next_piece_boxed(
+        &mut self,
+    ) -> std::pin::Pin<Box<dyn Future<Output = std::io::Result<Option<Bytes>>> + Send + '_>> {
+        Box::pin(self.next_piece())
+    }
+}
+
+/// An answer's body of `len` bytes that a source produces piece by piece while it is sent
+/// ([`Node::handle_streamed_answers`]). A source that fails, or produces more or fewer bytes
+/// than `len`, resets the answer's stream: the asker sees a failed answer, never a short one.
+pub struct StreamedAnswer {
+    pub(super) len: u64,
+    source: Box<dyn DynSource>,
+}
+
+impl std::fmt::Debug for StreamedAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamedAnswer")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl StreamedAnswer {
+    /// An answer body of `len` bytes from `source`.
+    pub fn new<S: BodySource + 'static>(len: u64, source: S) -> Self {
+        Self {
+            len,
+            source: Box::new(source),
+        }
+    }
+
+    /// Writes the pieces to `send`; resets it and returns `false` if the source fails or breaks
+    /// its length (or the stream fails).
+    pub(super) async fn send(&mut self, send: &mut quinn::SendStream) -> bool {
+        let mut sent = 0u64;
+        loop {
+            match self.source.next_piece_boxed().await {
+                Ok(Some(piece)) => {
+                    sent += piece.len() as u64;
+                    if sent > self.len || send.write_chunk(piece).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(None) if sent == self.len => return true,
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let _ = send.reset(VarInt::from_u32(RESET_SOURCE_FAILED));
+        false
+    }
+}
+
+/// The body of a handler's answer: held, or streamed from a source.
+#[derive(Debug)]
+pub enum AnswerBody {
+    /// Sent from its buffer.
+    Held(Bytes),
+    /// Sent piece by piece as its source produces it.
+    Streamed(StreamedAnswer),
+}
+
+impl AnswerBody {
+    /// The body's length in bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            Self::Held(body) => body.len() as u64,
+            Self::Streamed(answer) => answer.len,
+        }
+    }
+
+    /// Whether the body is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl From<Bytes> for AnswerBody {
+    fn from(body: Bytes) -> Self {
+        Self::Held(body)
+    }
 }
 
 /// Why a streamed request's body could not be read.
@@ -51,9 +144,10 @@ pub enum BodyError {
     Stream(#[from] ReadError),
 }
 
-/// The payload of a streamed request, read as it arrives. The whole of it must arrive within the
-/// node's `inbound_request_timeout` from the request's first byte. Dropping it unread asks the
-/// sender to stop sending.
+/// The payload of a streamed request (or of an answer, [`Node::request_streamed_answer`]), read
+/// as it arrives. The whole of a request must arrive within the node's `inbound_request_timeout`
+/// from its first byte, the whole of an answer within the request's deadline. Dropping it unread
+/// asks the sender to stop sending.
 #[derive(Debug)]
 pub struct RequestBody {
     recv: RecvStream,
@@ -61,8 +155,8 @@ pub struct RequestBody {
     left: u64,
     deadline: Instant,
     timeout: Duration,
-    /// The room this request holds in the node's inbound request budget.
-    _budget: OwnedSemaphorePermit,
+    /// The room a request holds in the node's inbound request budget (none for an answer).
+    _budget: Option<OwnedSemaphorePermit>,
 }
 
 impl RequestBody {
@@ -71,7 +165,7 @@ impl RequestBody {
         len: u64,
         started: Instant,
         timeout: Duration,
-        budget: OwnedSemaphorePermit,
+        budget: Option<OwnedSemaphorePermit>,
     ) -> Self {
         Self {
             recv,
@@ -154,11 +248,32 @@ impl Node {
     {
         let handler: StreamedHandler = Arc::new(move |peer, body| {
             let answer = handler(peer, body);
-            Box::pin(async move { answer.await.map(|body| [Bytes::new(), body]) })
+            Box::pin(async move { answer.await.map(|body| (Bytes::new(), body.into())) })
         });
         self.inner
             .handlers
             .attach(protocol, Handler::Streamed(handler))
+    }
+
+    /// [`Node::handle_parts`] whose handler may answer with a body streamed from a source
+    /// ([`AnswerBody::Streamed`]): a large answer read from disk is sent piece by piece, never
+    /// held whole.
+    pub fn handle_streamed_answers<F, Fut>(
+        &self,
+        protocol: ProtocolId,
+        handler: F,
+    ) -> Result<(), SubscribeError>
+    where
+        F: Fn(PeerId, Bytes) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(Bytes, AnswerBody), HandlerError>> + Send + 'static,
+    {
+        let handler: super::serve::WholeHandler = Arc::new(move |peer, body| {
+            let answer = handler(peer, body);
+            Box::pin(answer)
+        });
+        self.inner
+            .handlers
+            .attach(protocol, Handler::Whole(handler))
     }
 
     /// [`Node::request_parts`] with a body of `body_len` bytes that `body` produces piece by
@@ -178,6 +293,92 @@ impl Node {
             .inner
             .clone()
             .request_streamed_once(peer, protocol, head, body_len, body);
+        self.inner.timed_request(deadline, exchange).await
+    }
+}
+
+impl Node {
+    /// [`Node::request`] whose answer is read as it arrives: its payload comes back as a
+    /// [`RequestBody`] once the answer's head has arrived (an error answer is read whole and
+    /// returned as the request's error). `deadline` covers the whole exchange, the reading of
+    /// the answer's payload included.
+    pub async fn request_streamed_answer(
+        &self,
+        peer: PeerId,
+        protocol: ProtocolId,
+        body: Bytes,
+        deadline: Duration,
+    ) -> Result<RequestBody, RequestError> {
+        let started = Instant::now();
+        let inner = self.inner.clone();
+        let exchange = async move {
+            let opened = inner.open_request(peer, protocol, body.len()).await?;
+            let (connection, message_id, mut send, mut recv) = opened.stream;
+            let mut chunks: Vec<Bytes> = opened
+                .head
+                .into_iter()
+                .chain([body])
+                .filter(|chunk| !chunk.is_empty())
+                .collect();
+            send.write_all_chunks(&mut chunks)
+                .await
+                .map_err(RequestError::WriteFailed)?;
+            let _ = send.finish();
+            let counters = inner.metrics.peer_counters(&peer);
+            let sent: usize = chunks.iter().map(Bytes::len).sum();
+            inner.metrics.count_sent(&counters, sent as u64);
+            let limits = inner.config.limits;
+            let read_head = async {
+                let Some(header) = read_frame_header(&mut recv, &[], &limits).await? else {
+                    return Ok(None);
+                };
+                let head = read_bytes(&mut recv, wire::MIN_BODY_LEN).await?;
+                let (message, dst) = wire::decode_message_head(&head)?;
+                Ok::<_, ReadFrameError>(Some((header.payload_len(), message, dst)))
+            };
+            let (payload_len, message, dst) = match read_head.await {
+                Ok(Some(head)) => head,
+                Ok(None) => return Err(RequestError::NoResponse),
+                Err(ReadFrameError::Stream(error)) => return Err(RequestError::ReadFailed(error)),
+                Err(ReadFrameError::Wire(error)) => {
+                    inner.protocol_violation(&connection, peer, wire_error_label(&error));
+                    return Err(RequestError::Malformed(error));
+                }
+            };
+            inner.metrics.observe_rtt(&peer, connection.rtt());
+            inner
+                .metrics
+                .count_received(&counters, (payload_len + wire::FRAME_OVERHEAD) as u64);
+            if dst != inner.local_id {
+                inner.protocol_violation(&connection, peer, "wrong_destination");
+                return Err(RequestError::WrongDestination);
+            }
+            match message.kind {
+                Kind::Response if message.message_id == message_id => Ok(RequestBody::new(
+                    recv,
+                    payload_len as u64,
+                    started,
+                    deadline,
+                    None,
+                )),
+                Kind::ErrorResponse => {
+                    let payload = match read_bytes(&mut recv, payload_len).await {
+                        Ok(payload) => payload,
+                        Err(ReadFrameError::Stream(error)) => {
+                            return Err(RequestError::ReadFailed(error))
+                        }
+                        Err(ReadFrameError::Wire(error)) => {
+                            return Err(RequestError::Malformed(error))
+                        }
+                    };
+                    Err(inner.error_answer(&connection, peer, &payload))
+                }
+                _ => {
+                    inner.protocol_violation(&connection, peer, "unexpected_kind");
+                    Err(RequestError::UnexpectedResponse)
+                }
+            }
+        };
         self.inner.timed_request(deadline, exchange).await
     }
 }
