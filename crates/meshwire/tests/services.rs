@@ -435,7 +435,10 @@ async fn a_streamed_answer_is_read_as_it_arrives_and_a_failing_source_fails_it()
     let refused = a
         .request_streamed_answer(b.peer_id(), CHAT, Bytes::new(), PATIENCE)
         .await;
-    assert!(matches!(refused, Err(RequestError::Refused(_))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(RequestError::Refused(_))),
+        "{refused:?}"
+    );
     b.handle(CHAT, |_, body| async move { Ok(body) }).unwrap();
     let mut whole = a
         .request_streamed_answer(b.peer_id(), CHAT, Bytes::from_static(b"whole"), PATIENCE)

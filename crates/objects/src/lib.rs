@@ -124,9 +124,14 @@
 //!   streamed request ([`meshwire::Node::request_streamed`]); a replica writes what arrives to a
 //!   content file of its own, checks it against the stamp's hash and commits it (a mismatch is
 //!   refused as malformed and leaves no file). So no node holds such a write whole: each holds a
-//!   piece per write. Still held whole (bounded by `max_object_bytes`, the HTTP body budget and
-//!   the node's request budget): conditional writes (`If-Match`/`If-None-Match`), the content a
-//!   read fetches from another replica, read repair, and anti-entropy transfers. One memory budget (`store_memory_bytes`,
+//!   piece per write. A `GET` through a node that does not hold the winner's content asks the
+//!   quorum for content only up to 256 KiB (`FetchMode::FullIfSmall`); a larger one is then
+//!   streamed from one holder's content file ([`meshwire::Node::request_streamed_answer`]) into
+//!   the response and checked against its hash as it arrives (a mismatch or a broken stream cuts
+//!   the response short). A replica answers any full fetch of a content file from the file,
+//!   piece by piece. Still held whole (bounded by `max_object_bytes`, the HTTP body budget and
+//!   the node's request budget): conditional writes (`If-Match`/`If-None-Match`), reads through
+//!   the service API (`ObjectService::get`), read repair, and anti-entropy transfers. One memory budget (`store_memory_bytes`,
 //!   128 MiB) holds redb's page cache and a cache of hot objects (half each; objects up to a
 //!   quarter of the cache), so many readers of one object share one buffer. Store calls run on
 //!   tokio's blocking pool (or on the calling task with `ServiceOptions::inline_store`, which the

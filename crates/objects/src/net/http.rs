@@ -54,7 +54,7 @@ use self::auth::Gate;
 use self::errors::{error, KeyPath};
 use self::limits::HttpLimits;
 use super::ring::Ring;
-use super::service::{ObjectService, ObjectServiceError, WriteOutcome, PIECE_BYTES};
+use super::service::{ObjectService, ObjectServiceError, ReadBody, WriteOutcome, PIECE_BYTES};
 use super::store::{Body as StoreBody, StoreError};
 use super::topics::Topics;
 use crate::proto::cas::{etag, parse_precondition};
@@ -326,7 +326,7 @@ async fn get_object(
             .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"local"));
     if local {
         let (stamp, body) = service.get_local_body(&key).await?;
-        return Ok(object_response(&service, stamp, body, None));
+        return Ok(object_response(&service, stamp, body.into(), None));
     }
     crate::proto::object::validate_key(&key).map_err(ObjectServiceError::InvalidKey)?;
     let read = service.get_body(&key, true).await?;
@@ -339,26 +339,29 @@ async fn get_object(
 }
 
 /// A `200` streaming `body`: slices of [`CHUNK_BYTES`] of a held buffer (many readers of one
-/// cached object share one copy), or a content file read [`FILE_CHUNK_BYTES`] at a time on the
-/// blocking pool, so a slow client holds a chunk, not the object. A content file found damaged while
-/// it streams (checked against its hash as it is read) ends the body with an error: the
-/// client's connection is cut short of the `Content-Length`, never handed a silently wrong end.
+/// cached object share one copy), a content file read [`FILE_CHUNK_BYTES`] at a time on the
+/// blocking pool, or another replica's copy as it arrives, so a slow client holds a chunk, not
+/// the object. A content file found damaged while it streams (checked against its hash as it is
+/// read), or a replica's copy that stops arriving or does not match its hash, ends the body
+/// with an error: the client's connection is cut short of the `Content-Length`, never handed a
+/// silently wrong end.
 fn object_response(
     service: &ObjectService,
     stamp: Stamp,
-    body: StoreBody,
+    body: ReadBody,
     answers: Option<usize>,
 ) -> Response {
+    type Cut = Box<dyn std::error::Error + Send + Sync>;
     let len = body.len();
     let stream = match body {
-        StoreBody::Held(content) => {
+        ReadBody::Local(StoreBody::Held(content)) => {
             let len = content.len();
             let chunks = (0..len).step_by(CHUNK_BYTES).map(move |start| {
-                Ok::<Bytes, StoreError>(content.slice(start..(start + CHUNK_BYTES).min(len)))
+                Ok::<Bytes, Cut>(content.slice(start..(start + CHUNK_BYTES).min(len)))
             });
             futures_util::stream::iter(chunks).boxed()
         }
-        StoreBody::File(reader) => {
+        ReadBody::Local(StoreBody::File(reader)) => {
             let service = service.clone();
             futures_util::stream::try_unfold(reader, move |reader| {
                 let service = service.clone();
@@ -367,8 +370,18 @@ fn object_response(
                     if let Err(error) = &next {
                         tracing::error!(%error, "cut a GET response short");
                     }
-                    next
+                    next.map_err(Cut::from)
                 }
+            })
+            .boxed()
+        }
+        ReadBody::Remote(content) => {
+            futures_util::stream::try_unfold(content, |mut content| async move {
+                let next = content.next_piece().await;
+                if let Err(error) = &next {
+                    tracing::warn!(%error, "cut a GET response short");
+                }
+                Ok::<_, Cut>(next?.map(|piece| (piece, content)))
             })
             .boxed()
         }

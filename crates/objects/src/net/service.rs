@@ -88,7 +88,7 @@ pub use entropy::{RoundReport, IN_FLIGHT, MAX_TRANSFER_BYTES, PULL_BATCH};
 use metrics::{DirectionLabel, ObjectMetrics, OutcomeLabel, ReasonLabel};
 use modes::Modes;
 use store_calls::blocking;
-pub use streamed::{ObjectWriter, PIECE_BYTES};
+pub use streamed::{ObjectWriter, ReadBody, RemoteContent, RemoteContentError, PIECE_BYTES};
 
 /// Settings of the object service.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -333,8 +333,9 @@ pub struct ReadOutcome {
 pub struct BodyRead {
     /// The winning copy's version and hash.
     pub stamp: Stamp,
-    /// Its content: held, or this node's content file open for reading.
-    pub body: Body,
+    /// Its content: held, this node's content file open for reading, or arriving from a
+    /// replica that holds it.
+    pub body: ReadBody,
     /// Replicas that answered.
     pub answers: usize,
     /// Replicas asked.
@@ -550,7 +551,7 @@ impl ObjectService {
         let weak = Arc::downgrade(&service.inner);
         // FETCH, STORE and CAS touch the store: they run on the blocking pool (FETCH only when
         // the object cache does not hold the object).
-        node.handle_parts(FETCH, move |peer, body| {
+        node.handle_streamed_answers(FETCH, move |peer, body| {
             let service = upgrade(&weak);
             async move { service?.serve_fetch_offloaded(peer, body).await }
         })?;
@@ -774,7 +775,7 @@ impl ObjectService {
         object::validate_key(key).map_err(ObjectServiceError::InvalidKey)?;
         let plan = self.plan(config, candidates)?;
         let clock = self.tick().map_err(ObjectServiceError::Clock)?;
-        let requests = [FetchMode::Metadata, FetchMode::Full]
+        let requests = [FetchMode::Metadata, FetchMode::Full, FetchMode::FullIfSmall]
             .map(|mode| Bytes::from(object::encode_fetch(clock, mode, key)));
         let me = self.inner.node.peer_id();
         let service = self.clone();
@@ -784,7 +785,12 @@ impl ObjectService {
         let ask = move |peer: PeerId| {
             let service = service.clone();
             let mode = modes.next(peer == me);
-            let request = requests[usize::from(mode == FetchMode::Full)].clone();
+            let request = requests[match mode {
+                FetchMode::Metadata => 0,
+                FetchMode::Full => 1,
+                FetchMode::FullIfSmall => 2,
+            }]
+            .clone();
             let modes = modes.clone();
             let key = key_owned.clone();
             async move {
@@ -794,7 +800,7 @@ impl ObjectService {
                     // clock and version checks as a replica's answer. Version and hash only are
                     // checked without holding the content (a read streams it afterwards).
                     let held = match mode {
-                        FetchMode::Full => service
+                        FetchMode::Full | FetchMode::FullIfSmall => service
                             .local_copy(&key)
                             .await?
                             .map(|object| (object.stamp, Some(object.content))),

@@ -123,7 +123,17 @@ pub enum FetchMode {
     Metadata,
     /// Version, hash and content.
     Full,
+    /// Version and hash, and the content only if it is at most [`CARRY_MAX_BYTES`]: a read that
+    /// streams a larger object fetches its content afterwards, from one replica, as a stream.
+    FullIfSmall,
 }
+
+/// The largest content a [`FetchMode::FullIfSmall`] answer carries.
+pub const CARRY_MAX_BYTES: usize = 256 * 1024;
+/// The answer tag of a [`FetchMode::FullIfSmall`] answer whose content was too large to carry.
+const NOT_CARRIED: u8 = 3;
+/// Bytes of a fetch answer before its content: the sender's clock, the tag and the stamp.
+pub const FETCHED_HEAD_LEN: usize = CLOCK_LEN + 1 + STAMP_LEN;
 
 /// Why a replica refused a request instead of answering it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -237,6 +247,7 @@ pub fn encode_fetch(clock: u64, mode: FetchMode, key: &str) -> Vec<u8> {
     out.push(match mode {
         FetchMode::Metadata => 0,
         FetchMode::Full => 1,
+        FetchMode::FullIfSmall => 2,
     });
     out.extend_from_slice(key.as_bytes());
     out
@@ -252,6 +263,7 @@ pub fn decode_fetch(bytes: &[u8]) -> Result<FetchRequest<'_>, ObjectError> {
     let mode = match mode {
         0 => FetchMode::Metadata,
         1 => FetchMode::Full,
+        2 => FetchMode::FullIfSmall,
         other => return Err(ObjectError::UnknownTag(other)),
     };
     let key = std::str::from_utf8(key).map_err(|_| ObjectError::InvalidKey("not UTF-8"))?;
@@ -286,6 +298,31 @@ pub fn encode_fetched_header(clock: u64, stamp: Option<&Stamp>) -> Vec<u8> {
         }
     }
     out
+}
+
+/// The answer to a [`FetchMode::FullIfSmall`] fetch of an object larger than
+/// [`CARRY_MAX_BYTES`], sent at hybrid time `clock`: its stamp, without the content.
+pub fn encode_fetched_not_carried(clock: u64, stamp: &Stamp) -> Vec<u8> {
+    let mut out = Vec::with_capacity(FETCHED_HEAD_LEN);
+    out.extend_from_slice(&clock.to_le_bytes());
+    out.push(NOT_CARRIED);
+    write_stamp(&mut out, stamp);
+    out
+}
+
+/// Decodes the first [`FETCHED_HEAD_LEN`] bytes of a full fetch's answer read as a stream: the
+/// sender's clock and the stamp of a copy whose content follows. `None` when the answer is not
+/// such a copy (absent, refused, or not a content answer): the reader then drops the stream.
+pub fn decode_fetched_head(bytes: &[u8]) -> Result<Option<(u64, Stamp)>, ObjectError> {
+    let (clock, body) = split_clock(bytes)?;
+    match body.split_first() {
+        Some((1, rest)) => Ok(Some((clock, read_stamp(rest)?))),
+        Some(_) => Ok(None),
+        None => Err(ObjectError::Truncated {
+            needed: CLOCK_LEN + 1,
+            have: bytes.len(),
+        }),
+    }
 }
 
 /// A response refusing a request (fetch or store) for `reason`, sent at hybrid time `clock`.
@@ -332,7 +369,11 @@ pub fn decode_fetched(
                     content: None,
                 }),
                 FetchMode::Metadata => return Err(ObjectError::Trailing(content.len())),
-                FetchMode::Full => {
+                FetchMode::Full | FetchMode::FullIfSmall => {
+                    let max_content = match mode {
+                        FetchMode::FullIfSmall => max_content.min(CARRY_MAX_BYTES),
+                        _ => max_content,
+                    };
                     if content.len() > max_content {
                         return Err(ObjectError::TooLarge {
                             len: content.len(),
@@ -349,6 +390,16 @@ pub fn decode_fetched(
                     })
                 }
             }
+        }
+        NOT_CARRIED if mode == FetchMode::FullIfSmall => {
+            let stamp = read_stamp(rest)?;
+            if rest.len() > STAMP_LEN {
+                return Err(ObjectError::Trailing(rest.len() - STAMP_LEN));
+            }
+            Ok(Fetched::Present {
+                stamp,
+                content: None,
+            })
         }
         REFUSED => Err(decode_refusal(rest)?),
         other => return Err(ObjectError::UnknownTag(other)),

@@ -28,6 +28,8 @@ pub(super) enum Modes {
 pub(super) struct OneFull {
     /// Requests made so far.
     asked: usize,
+    /// The mode of a request that asks for the content.
+    full: FetchMode,
     /// The first request that asks for the content (`usize::MAX`: none, this node answers it
     /// from its own store).
     full_at: usize,
@@ -48,8 +50,17 @@ impl Modes {
     /// not wait on one of those. None when this node is a candidate (its own copy is read once
     /// the quorum's winner is known). A later request (a hedge for a late one) also asks for the content while none has
     /// arrived.
-    pub(super) fn one_full(full_at: usize, quorum: usize) -> Self {
+    ///
+    /// With `stream` (a read that streams its content to its client), those requests ask for
+    /// the content only if it is small ([`FetchMode::FullIfSmall`]): a larger one is fetched
+    /// once the winner is known, as a stream, so that the read never holds it whole.
+    pub(super) fn one_full(full_at: usize, quorum: usize, stream: bool) -> Self {
         Self::OneFull(Mutex::new(OneFull {
+            full: if stream {
+                FetchMode::FullIfSmall
+            } else {
+                FetchMode::Full
+            },
             asked: 0,
             full_at,
             quorum: quorum.max(1),
@@ -80,7 +91,7 @@ impl Modes {
                         .is_some_and(|sent| at.saturating_duration_since(sent) >= HEDGE_GAP);
                 if in_turn || hedge {
                     state.full_sent = Some(at);
-                    FetchMode::Full
+                    state.full
                 } else {
                     FetchMode::Metadata
                 }
@@ -145,7 +156,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn one_request_in_every_quorum_asks_for_the_content_and_a_later_hedge_too() {
-        let modes = Modes::one_full(1, 3);
+        let modes = Modes::one_full(1, 3, false);
         // The plan's first pass: seven requests at one instant.
         let first: Vec<FetchMode> = (0..7).map(|_| modes.next(false)).collect();
         use FetchMode::{Full, Metadata};
@@ -167,7 +178,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_node_that_is_a_candidate_asks_no_one_else_for_the_content() {
-        let modes = Modes::one_full(usize::MAX, 2);
+        let modes = Modes::one_full(usize::MAX, 2, false);
         assert_eq!(modes.next(true), FetchMode::Metadata);
         for _ in 0..4 {
             assert_eq!(modes.next(false), FetchMode::Metadata);
@@ -178,7 +189,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_newest_content_is_kept_and_waited_for() {
-        let modes = Modes::one_full(0, 2);
+        let modes = Modes::one_full(0, 2, false);
         let new = copy(2, b"new");
         modes.content_received(new.clone());
         modes.content_received(copy(1, b"old"));

@@ -16,7 +16,7 @@ use crate::proto::quorum::QuorumConfig;
 
 use super::{
     lock, stamp_of, BodyRead, Modes, ObjectService, ObjectServiceError, OutcomeLabel, QuorumRead,
-    ReadOutcome, ReplicaError,
+    ReadBody, ReadOutcome, ReplicaError,
 };
 use rand::Rng;
 
@@ -24,7 +24,7 @@ impl ObjectService {
     /// Reads `key` at quorum from its replicas, merges the copies and repairs stale replicas.
     pub async fn get(&self, key: &str) -> Result<ReadOutcome, ObjectServiceError> {
         let read = self.get_body(key, false).await?;
-        let content = self.held(read.body).await?;
+        let content = self.held_read(read.body).await?;
         Ok(ReadOutcome {
             object: StoredObject {
                 stamp: read.stamp,
@@ -75,7 +75,7 @@ impl ObjectService {
             deadline: config.deadline,
             attempt_timeout: config.attempt_timeout,
         };
-        let (read, modes, winner) = self.vote(&replicas, key, plan_config).await?;
+        let (read, modes, winner) = self.vote(&replicas, key, plan_config, stream).await?;
         if !read.outcome.reached(quorum) {
             return Err(ObjectServiceError::QuorumNotReached {
                 needed: quorum,
@@ -98,11 +98,11 @@ impl ObjectService {
         if repairs > 0 {
             self.inner.metrics.repairs.inc_by(repairs as u64);
             let held = match &body {
-                Body::Held(content) => Some(StoredObject {
+                ReadBody::Local(Body::Held(content)) => Some(StoredObject {
                     stamp,
                     content: content.clone(),
                 }),
-                Body::File(_) => None,
+                _ => None,
             };
             tokio::spawn(self.clone().repair(key.to_string(), stamp, held, stale));
         }
@@ -139,7 +139,7 @@ impl ObjectService {
         key: &str,
         config: QuorumConfig,
     ) -> Result<QuorumRead, ObjectServiceError> {
-        let (mut read, modes, winner) = self.vote(candidates, key, config).await?;
+        let (mut read, modes, winner) = self.vote(candidates, key, config, false).await?;
         let Some(winner) = winner.filter(|_| read.outcome.reached(config.quorum)) else {
             return Ok(read);
         };
@@ -150,7 +150,7 @@ impl ObjectService {
         read.content_requests = requests.into_inner();
         read.object = Some(StoredObject {
             stamp,
-            content: self.held(body).await?,
+            content: self.held_read(body).await?,
         });
         Ok(read)
     }
@@ -162,6 +162,7 @@ impl ObjectService {
         candidates: &[PeerId],
         key: &str,
         config: QuorumConfig,
+        stream: bool,
     ) -> Result<(QuorumRead, Arc<Modes>, Option<Stamp>), ObjectServiceError> {
         let me = self.inner.node.peer_id();
         let quorum = config.quorum.max(1);
@@ -170,7 +171,7 @@ impl ObjectService {
         } else {
             lock(&self.inner.rng).random_range(0..quorum)
         };
-        let modes = Arc::new(Modes::one_full(full_at, quorum));
+        let modes = Arc::new(Modes::one_full(full_at, quorum, stream));
         let result = self
             .fetch_in(candidates, key, modes.clone(), config)
             .await?;
@@ -212,19 +213,19 @@ impl ObjectService {
         modes: &Modes,
         stream: bool,
         requests: &AtomicUsize,
-    ) -> Result<(Stamp, Body), ObjectServiceError> {
+    ) -> Result<(Stamp, ReadBody), ObjectServiceError> {
         let carried = copies.iter().find_map(|(_, fetched)| match fetched {
             Fetched::Present {
                 stamp,
                 content: Some(content),
-            } if *stamp == winner => Some((*stamp, Body::Held(content.clone()))),
+            } if *stamp == winner => Some((*stamp, Body::Held(content.clone()).into())),
             _ => None,
         });
         if let Some(carried) = carried {
             return Ok(carried);
         }
         tokio::select! {
-            object = modes.carried(winner) => Ok((object.stamp, Body::Held(object.content))),
+            object = modes.carried(winner) => Ok((object.stamp, Body::Held(object.content).into())),
             fetched = self.content_of(key, winner, copies, stream, requests) => fetched,
         }
     }
@@ -239,7 +240,7 @@ impl ObjectService {
         copies: &[(PeerId, Fetched<Bytes>)],
         stream: bool,
         requests: &AtomicUsize,
-    ) -> Result<(Stamp, Body), ObjectServiceError> {
+    ) -> Result<(Stamp, ReadBody), ObjectServiceError> {
         // A copy that wins over the quorum's winner was written (acknowledged or not) after the
         // quorum answered: serving it is as good as serving the winner, and better than a 502.
         let current =
@@ -253,7 +254,7 @@ impl ObjectService {
         };
         if let Some((stamp, body)) = local {
             if current(stamp) {
-                return Ok((stamp, body));
+                return Ok((stamp, body.into()));
             }
         }
         let me = self.inner.node.peer_id();
@@ -264,6 +265,14 @@ impl ObjectService {
                 continue;
             }
             requests.fetch_add(1, Ordering::Relaxed);
+            if stream {
+                // Streamed from the holder's content file into the reader's response: neither
+                // node holds a large copy whole.
+                match self.remote_content(*peer, key, current).await {
+                    Some(content) => return Ok(content),
+                    None => continue,
+                }
+            }
             let Ok(reply) = self
                 .inner
                 .node
@@ -283,7 +292,7 @@ impl ObjectService {
             }) = answer.answer
             {
                 if current(stamp) && self.accept_answer(*peer, answer.clock, None).is_ok() {
-                    return Ok((stamp, Body::Held(reply.slice(range))));
+                    return Ok((stamp, Body::Held(reply.slice(range)).into()));
                 }
             }
         }

@@ -8,7 +8,7 @@
 //! a non-member's clock never moves this node's clock.
 
 use bytes::Bytes;
-use meshwire::{HandlerError, PeerId};
+use meshwire::{AnswerBody, HandlerError, PeerId};
 
 use crate::net::store::{StoreError, StoredObject};
 use crate::proto::clock::ClockError;
@@ -52,39 +52,57 @@ impl ObjectService {
     /// blocking pool. A hot object then costs a remote reader no hand-off to another thread and
     /// back (on the 2-core loopback cluster of `bench/http.sh`, two context switches per read).
     /// The answer is its header and the content as held (shared with the object cache), sent
-    /// without joining them.
+    /// without joining them, or a content file's content streamed from the file, piece by piece.
+    /// A [`FetchMode::FullIfSmall`] fetch of content over [`object::CARRY_MAX_BYTES`] gets the
+    /// checked stamp without the content.
     pub(super) async fn serve_fetch_offloaded(
         &self,
         peer: PeerId,
         body: Bytes,
-    ) -> Result<(Bytes, Bytes), HandlerError> {
+    ) -> Result<(Bytes, AnswerBody), HandlerError> {
         let request = match self.admit_fetch(peer, &body) {
             Ok(request) => request,
-            Err(answer) => return answer.map(|answer| (answer, Bytes::new())),
+            Err(answer) => return answer.map(|answer| (answer, Bytes::new().into())),
         };
-        if request.mode == FetchMode::Metadata {
-            // Version and hash, the content checked without holding it whole.
-            let stamp = self
-                .local_stamp(request.key)
-                .await
-                .map_err(|error| match error {
-                    StoreError::Stopped => HandlerError::Stopped,
-                    other => handler_error(other),
-                })?;
-            return self.answer_stamp(stamp);
-        }
-        let held = match self.inner.store.cached(request.key) {
-            Some(object) => Some(object),
-            None => {
-                let key = request.key.to_string();
-                // The blocking pool stops only with the runtime: answered as the other handlers do.
-                self.on_store(move |store| store.get(&key))
-                    .await
-                    .map_err(|_| HandlerError::Stopped)?
-                    .map_err(handler_error)?
+        let store_failed = |error| match error {
+            StoreError::Stopped => HandlerError::Stopped,
+            other => handler_error(other),
+        };
+        let carries =
+            |len: u64| request.mode == FetchMode::Full || len <= object::CARRY_MAX_BYTES as u64;
+        let held = match (request.mode, self.inner.store.cached(request.key)) {
+            (FetchMode::Metadata, _) => None,
+            (_, Some(object)) if carries(object.content.len() as u64) => {
+                Some((object.stamp, AnswerBody::Held(object.content)))
             }
+            (_, Some(_)) => None,
+            (_, None) => match self.stored_answer_body(request.key).await {
+                Ok(Some((stamp, body))) if carries(body.len()) => Some((stamp, body)),
+                Ok(Some(_)) => None,
+                Ok(None) => {
+                    return self
+                        .answer_stamp(None)
+                        .map(|(head, _)| (head, Bytes::new().into()))
+                }
+                Err(error) => return Err(store_failed(error)),
+            },
         };
-        self.answer_fetch(request.mode, held)
+        if let Some((stamp, body)) = held {
+            let (head, _) = self.answer_stamp(Some(stamp))?;
+            return Ok((head, body));
+        }
+        // Version and hash, the content checked without holding it whole.
+        let stamp = self.local_stamp(request.key).await.map_err(store_failed)?;
+        match (request.mode, stamp) {
+            (FetchMode::FullIfSmall, Some(stamp)) => {
+                let clock = self.tick().map_err(handler_error)?;
+                let head = object::encode_fetched_not_carried(clock, &stamp);
+                Ok((Bytes::from(head), Bytes::new().into()))
+            }
+            (_, stamp) => self
+                .answer_stamp(stamp)
+                .map(|(head, _)| (head, Bytes::new().into())),
+        }
     }
 
     /// Decodes `peer`'s fetch request and passes it through the gate: the request to answer, or

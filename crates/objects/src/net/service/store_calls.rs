@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use super::{lock, ObjectService, ObjectServiceError};
+use super::{lock, ObjectService, ObjectServiceError, ReadBody};
 use crate::net::store::{Body, ContentReader, Store, StoreError, StoredObject};
 use crate::proto::object::{content_hash, ContentHash, Stamp};
 
@@ -99,6 +99,18 @@ impl ObjectService {
         match body {
             Body::Held(content) => Ok(content),
             Body::File(reader) => self.on_store(move |_| reader.read_all()).await?,
+        }
+    }
+
+    /// A read's whole content (see [`Self::held`]); content streamed from a replica is read to
+    /// its end and checked.
+    pub(crate) async fn held_read(&self, body: ReadBody) -> Result<Bytes, ObjectServiceError> {
+        match body {
+            ReadBody::Local(body) => Ok(self.held(body).await?),
+            ReadBody::Remote(content) => content
+                .read_all()
+                .await
+                .map_err(|_| ObjectServiceError::ContentUnavailable),
         }
     }
 

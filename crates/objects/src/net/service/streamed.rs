@@ -9,12 +9,12 @@ use std::io::{Read, Seek, SeekFrom};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
-use meshwire::{HandlerError, PeerId, RequestBody};
+use meshwire::{AnswerBody, HandlerError, PeerId, RequestBody};
 
 use super::store_calls::blocking;
 use super::{lock, ObjectService, ObjectServiceError, ReplicaError, WriteOutcome};
-use crate::net::store::{ContentWriter, StoreError, WrittenContent};
-use crate::proto::object::{self, Stamp, Stored};
+use crate::net::store::{Body, ContentReader, ContentWriter, StoreError, WrittenContent};
+use crate::proto::object::{self, ContentHash, Stamp, Stored};
 
 /// The pieces a streamed write is written to disk in and sent in, one at a time (the size
 /// `bench/store.sh`'s read-back favours, see `http::FILE_CHUNK_BYTES`).
@@ -336,4 +336,190 @@ impl ObjectService {
 
 fn body_failed(error: meshwire::BodyError) -> HandlerError {
     HandlerError::Failed(Box::new(error))
+}
+
+/// A read's content: as this node's store gives it, or arriving from a replica that holds it.
+#[derive(Debug)]
+pub enum ReadBody {
+    /// From this node: held, or its content file open for reading.
+    Local(Body),
+    /// From another replica, as a stream (see [`RemoteContent`]).
+    Remote(Box<RemoteContent>),
+}
+
+impl ReadBody {
+    /// The content's length in bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            Self::Local(body) => body.len(),
+            Self::Remote(content) => content.len,
+        }
+    }
+
+    /// Whether the content is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl From<Body> for ReadBody {
+    fn from(body: Body) -> Self {
+        Self::Local(body)
+    }
+}
+
+/// Why content streamed from another replica was cut short.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RemoteContentError {
+    /// The stream failed before the end (the replica reset it or went away, or it was late).
+    #[error("the replica's copy of {key:?} stopped arriving: {source}")]
+    Stream {
+        /// The key.
+        key: String,
+        /// What failed.
+        #[source]
+        source: meshwire::BodyError,
+    },
+    /// The content does not match the hash of the stamp it was sent under.
+    #[error("the replica's copy of {key:?} does not match its hash")]
+    HashMismatch {
+        /// The key.
+        key: String,
+    },
+}
+
+/// A replica's copy arriving piece by piece, checked against its stamp's hash as it is read: a
+/// copy that does not match fails instead of its last piece, so a reader that passes pieces on
+/// (an HTTP `GET`) ends short of the content's length rather than complete and wrong.
+#[derive(Debug)]
+pub struct RemoteContent {
+    body: RequestBody,
+    key: String,
+    hash: ContentHash,
+    hasher: meshwire::proto::hash::Sha256,
+    len: u64,
+}
+
+impl RemoteContent {
+    /// The next piece, or `None` once all of it arrived and matched its hash.
+    pub async fn next_piece(&mut self) -> Result<Option<Bytes>, RemoteContentError> {
+        let piece = match self.body.next_piece().await {
+            Ok(Some(piece)) => piece,
+            Ok(None) => return Ok(None),
+            Err(source) => {
+                return Err(RemoteContentError::Stream {
+                    key: self.key.clone(),
+                    source,
+                })
+            }
+        };
+        self.hasher.update(&piece);
+        if self.body.remaining() == 0 && std::mem::take(&mut self.hasher).finish() != self.hash {
+            return Err(RemoteContentError::HashMismatch {
+                key: self.key.clone(),
+            });
+        }
+        Ok(Some(piece))
+    }
+
+    /// All of it, in one buffer.
+    pub async fn read_all(mut self) -> Result<Bytes, RemoteContentError> {
+        let mut content = BytesMut::with_capacity(usize::try_from(self.len).unwrap_or(0));
+        while let Some(piece) = self.next_piece().await? {
+            content.extend_from_slice(&piece);
+        }
+        Ok(content.freeze())
+    }
+}
+
+/// A content file sent as an answer, piece by piece, each read (and hashed: a damaged file
+/// fails the answer instead of its last piece) on the blocking pool.
+struct ReaderSource {
+    reader: Option<Box<ContentReader>>,
+    inline: bool,
+}
+
+impl meshwire::BodySource for ReaderSource {
+    async fn next_piece(&mut self) -> std::io::Result<Option<Bytes>> {
+        let Some(mut reader) = self.reader.take() else {
+            return Ok(None);
+        };
+        let (reader, piece) = blocking(self.inline, move || {
+            let piece = reader.next_chunk(PIECE_BYTES);
+            (reader, piece)
+        })
+        .await
+        .ok_or_else(|| std::io::Error::other("the blocking pool stopped"))?;
+        match piece {
+            Ok(Some(piece)) => {
+                self.reader = Some(reader);
+                Ok(Some(piece))
+            }
+            Ok(None) => Ok(None),
+            Err(error) => Err(std::io::Error::other(error)),
+        }
+    }
+}
+
+impl ObjectService {
+    /// The content of `key` stamped `winner` (or a newer one, as `current` says) from `peer`,
+    /// streamed: `None` if the peer does not answer with such a copy in time. Its clock passes
+    /// the same checks as any answer's.
+    pub(super) async fn remote_content(
+        &self,
+        peer: PeerId,
+        key: &str,
+        current: impl Fn(Stamp) -> bool,
+    ) -> Option<(Stamp, ReadBody)> {
+        let clock = self.tick().ok()?;
+        let request = Bytes::from(object::encode_fetch(clock, object::FetchMode::Full, key));
+        let mut body = self
+            .inner
+            .node
+            .request_streamed_answer(peer, super::FETCH, request, self.inner.config.deadline)
+            .await
+            .ok()?;
+        let head = body.read_exact(object::FETCHED_HEAD_LEN).await.ok()?;
+        let (clock, stamp) = object::decode_fetched_head(&head).ok()??;
+        let len = body.remaining();
+        if !current(stamp)
+            || len > self.inner.config.max_object_bytes as u64
+            || self.accept_answer(peer, clock, None).is_err()
+        {
+            return None;
+        }
+        let content = RemoteContent {
+            body,
+            key: key.to_string(),
+            hash: stamp.hash,
+            hasher: meshwire::proto::hash::Sha256::new(),
+            len,
+        };
+        Some((stamp, ReadBody::Remote(Box::new(content))))
+    }
+
+    /// The answer to an admitted full fetch of `key` when the object cache does not hold it: a
+    /// copy in a content file is streamed from the file, piece by piece, never held whole; a
+    /// smaller one is read whole. `None` when absent.
+    pub(super) async fn stored_answer_body(
+        &self,
+        key: &str,
+    ) -> Result<Option<(Stamp, AnswerBody)>, StoreError> {
+        let key = key.to_string();
+        let Some((stamp, body)) = self.on_store(move |store| store.get_body(&key)).await?? else {
+            return Ok(None);
+        };
+        let body = match body {
+            Body::Held(content) => AnswerBody::Held(content),
+            Body::File(reader) => AnswerBody::Streamed(meshwire::StreamedAnswer::new(
+                reader.len(),
+                ReaderSource {
+                    reader: Some(reader),
+                    inline: self.inner.inline_store,
+                },
+            )),
+        };
+        Ok(Some((stamp, body)))
+    }
 }

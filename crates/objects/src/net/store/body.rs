@@ -58,6 +58,16 @@ pub struct ContentReader {
 }
 
 impl ContentReader {
+    /// The content's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the content is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The next chunk of at most `max` bytes (at least one), or `Ok(None)` once the whole content
     /// was read and matched its hash. Content shorter or longer than its header says, or that
     /// does not match its hash, is [`StoreError::Corrupt`], reported instead of the last chunk.
