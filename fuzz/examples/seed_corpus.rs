@@ -271,7 +271,9 @@ fn objects() -> Vec<Vec<u8>> {
     let messages = [
         object::encode_fetch(clock, FetchMode::Metadata, "key-1"),
         object::encode_fetch(clock, FetchMode::Full, "a.b_c-d"),
+        object::encode_fetch(clock, FetchMode::FullIfSmall, "key-1"),
         object::encode_fetched_header(clock, Some(&stamp)),
+        object::encode_fetched_not_carried(clock, &stamp),
         object::encode_fetched_header(clock, None),
         fetched,
         object::encode_refusal(clock, Refusal::ClockSkew),

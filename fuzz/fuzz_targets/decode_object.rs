@@ -39,17 +39,28 @@ fuzz_target!(|data: &[u8]| {
         );
         let _ = clock.observe(request.clock, now_ms);
     }
-    for mode in [FetchMode::Metadata, FetchMode::Full] {
+    for mode in [FetchMode::Metadata, FetchMode::Full, FetchMode::FullIfSmall] {
         if let Ok(answer) = decode_fetched(mode, message, max) {
             match answer.answer {
                 Ok(Fetched::Present { stamp, content: Some(range) }) => {
                     assert!(range.len() <= max);
+                    assert!(mode != FetchMode::FullIfSmall || range.len() <= object::CARRY_MAX_BYTES);
                     assert_eq!(content_hash(&message[range]), stamp.hash);
+                }
+                Ok(Fetched::Present { stamp, content: None }) if mode == FetchMode::FullIfSmall => {
+                    let not_carried = object::encode_fetched_not_carried(answer.clock, &stamp);
+                    let with_stamp = object::encode_fetched_header(answer.clock, Some(&stamp));
+                    assert!(message == not_carried || message == with_stamp);
                 }
                 Err(reason) => assert_eq!(object::encode_refusal(answer.clock, reason), message),
                 Ok(_) => {}
             }
         }
+    }
+    // The head of a full fetch's answer read as a stream.
+    if let Ok(Some((answer_clock, stamp))) = object::decode_fetched_head(message) {
+        let head = object::encode_fetched_header(answer_clock, Some(&stamp));
+        assert_eq!(head[..], message[..object::FETCHED_HEAD_LEN]);
     }
     if let Ok(request) = decode_store(message, max) {
         assert!(request.content.len() <= max);

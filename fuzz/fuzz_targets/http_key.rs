@@ -31,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
     if !valid {
         return;
     }
-    for mode in [FetchMode::Metadata, FetchMode::Full] {
+    for mode in [FetchMode::Metadata, FetchMode::Full, FetchMode::FullIfSmall] {
         let message = object::encode_fetch(7, mode, key);
         let request = decode_fetch(&message).expect("a valid key's fetch request decodes");
         assert_eq!(request.key, key);
