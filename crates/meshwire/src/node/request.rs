@@ -185,10 +185,7 @@ impl Inner {
             Err(error @ WriteError::Stopped(_)) => Some(error),
             Err(error) => return Err(RequestError::WriteFailed(error)),
         };
-        let counters = self.metrics.peer_counters(&peer);
-        self.metrics
-            .count_sent(&counters, (wire::FRAME_OVERHEAD + payload_len) as u64);
-        self.read_response(&connection, peer, recv, message_id, stopped)
+        self.read_response(&connection, peer, recv, (message_id, payload_len), stopped)
             .await
     }
 
@@ -220,17 +217,20 @@ impl Inner {
         })
     }
 
-    /// Reads the answer to request `message_id` from `recv`; `stopped` is the write error of a
-    /// request the responder stopped reading (its answer says why, if it sent one).
+    /// Counts a request of `payload_len` bytes sent and reads the answer to it (`message_id`)
+    /// from `recv`; `stopped` is the write error of a request the responder stopped reading (its
+    /// answer says why, if it sent one).
     pub(super) async fn read_response(
         &self,
         connection: &Connection,
         peer: PeerId,
         mut recv: RecvStream,
-        message_id: u64,
+        (message_id, payload_len): (u64, usize),
         stopped: Option<WriteError>,
     ) -> Result<Bytes, RequestError> {
         let counters = self.metrics.peer_counters(&peer);
+        self.metrics
+            .count_sent(&counters, (wire::FRAME_OVERHEAD + payload_len) as u64);
         let frame = match read_frame(&mut recv, &self.config.limits).await {
             Ok(Some(frame)) => frame,
             Ok(None) | Err(ReadFrameError::Stream(_)) if stopped.is_some() => {

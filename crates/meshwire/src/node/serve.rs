@@ -14,7 +14,9 @@ use quinn::{Connection, RecvStream, SendStream, VarInt};
 use super::registry::Attachment;
 use super::streamed::{AnswerBody, RequestBody, STREAMED_PIECE_BYTES};
 use super::{Inner, Node, SubscribeError};
-use crate::framing::{read_bytes, read_frame_header, wire_error_label, ReadFrameError};
+use crate::framing::{
+    read_bytes, read_frame_body, read_frame_header, wire_error_label, ReadFrameError,
+};
 
 /// Stream reset code: the request took too long to arrive.
 const RESET_REQUEST_TIMEOUT: u32 = 1;
@@ -66,6 +68,8 @@ enum Arrival {
         dst: PeerId,
         handler: StreamedHandler,
         payload_len: usize,
+        /// The payload's first bytes, read with its head (all of a small one).
+        read: Bytes,
         budget: tokio::sync::OwnedSemaphorePermit,
     },
     Busy,
@@ -86,13 +90,10 @@ impl Node {
         F: Fn(PeerId, Bytes) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Bytes, HandlerError>> + Send + 'static,
     {
-        let handler: WholeHandler = Arc::new(move |peer, body| {
+        self.handle_parts(protocol, move |peer, body| {
             let answer = handler(peer, body);
-            Box::pin(async move { answer.await.map(|body| (Bytes::new(), body.into())) })
-        });
-        self.inner
-            .handlers
-            .attach(protocol, Handler::Whole(handler))
+            async move { answer.await.map(|body| (Bytes::new(), body)) }
+        })
     }
 
     /// [`Node::handle`] for a handler whose answer comes in two pieces, a head and a body, sent
@@ -107,13 +108,10 @@ impl Node {
         F: Fn(PeerId, Bytes) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(Bytes, Bytes), HandlerError>> + Send + 'static,
     {
-        let handler: WholeHandler = Arc::new(move |peer, body| {
+        self.handle_streamed_answers(protocol, move |peer, body| {
             let answer = handler(peer, body);
-            Box::pin(async move { answer.await.map(|(head, body)| (head, body.into())) })
-        });
-        self.inner
-            .handlers
-            .attach(protocol, Handler::Whole(handler))
+            async move { answer.await.map(|(head, body)| (head, body.into())) }
+        })
     }
 
     /// Stops serving requests on `protocol`; later requests are refused as having no handler.
@@ -163,20 +161,44 @@ impl Inner {
             let Some(header) = read_frame_header(&mut recv, &[], &limits).await? else {
                 return Ok(None);
             };
-            let head = read_bytes(&mut recv, wire::MIN_BODY_LEN).await?;
-            let (message, dst) = wire::decode_message_head(&head)?;
-            let payload_len = header.payload_len();
-            let handler = self.handlers.get(message.protocol);
             // Room in the node's request budget before any of the payload is read, so requests
             // from all streams cannot together hold more than the budget; held until answered.
             // A streamed request holds one piece at a time, so it reserves one piece. A request
             // that finds no room is refused at once: one waiting would leave its body in the
             // connection's receive window, where it could starve the requests that hold the room.
+            let reserve = |room: u32| self.request_bytes.clone().try_acquire_many_owned(room);
+            let small = header.body_len as usize <= wire::MIN_BODY_LEN + STREAMED_PIECE_BYTES;
+            if small {
+                // Within one piece, whatever the handler: read in one go, as it arrived.
+                let Ok(budget) = reserve(header.body_len) else {
+                    return Ok(Some(Arrival::Busy));
+                };
+                let frame = read_frame_body(&mut recv, &header).await?;
+                return Ok(Some(match self.handlers.get(frame.header.protocol) {
+                    Some(Handler::Streamed(handler)) => Arrival::Streamed {
+                        message: frame.header,
+                        dst: frame.dst,
+                        handler,
+                        payload_len: frame.payload.len(),
+                        read: frame.payload,
+                        budget,
+                    },
+                    handler => Arrival::Whole {
+                        frame,
+                        handler,
+                        _budget: budget,
+                    },
+                }));
+            }
+            let head = read_bytes(&mut recv, wire::MIN_BODY_LEN).await?;
+            let (message, dst) = wire::decode_message_head(&head)?;
+            let payload_len = header.payload_len();
+            let handler = self.handlers.get(message.protocol);
             let room = match handler {
-                Some(Handler::Streamed(_)) => header.body_len.min(STREAMED_PIECE_BYTES as u32),
+                Some(Handler::Streamed(_)) => STREAMED_PIECE_BYTES as u32,
                 _ => header.body_len,
             };
-            let Ok(budget) = self.request_bytes.clone().try_acquire_many_owned(room) else {
+            let Ok(budget) = reserve(room) else {
                 return Ok(Some(Arrival::Busy));
             };
             Ok(Some(match handler {
@@ -185,6 +207,7 @@ impl Inner {
                     dst,
                     handler,
                     payload_len,
+                    read: Bytes::new(),
                     budget,
                 },
                 handler => {
@@ -264,14 +287,20 @@ impl Inner {
                 dst,
                 handler,
                 payload_len,
+                read,
                 budget,
             } => {
                 let head = (&message, &dst, payload_len);
                 if !self.accept_head(&connection, remote, head, Kind::Request, &counters) {
                     return;
                 }
-                let body =
-                    RequestBody::new(recv, payload_len as u64, started, timeout, Some(budget));
+                let body = RequestBody::new(
+                    (recv, read),
+                    payload_len as u64,
+                    started,
+                    timeout,
+                    Some(budget),
+                );
                 (message, Some(handler(remote, body).await))
             }
             Arrival::Busy => return,

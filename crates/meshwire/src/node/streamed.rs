@@ -151,6 +151,8 @@ pub enum BodyError {
 #[derive(Debug)]
 pub struct RequestBody {
     recv: RecvStream,
+    /// Bytes of the payload read from `recv` already, handed out first.
+    read: Bytes,
     len: u64,
     left: u64,
     deadline: Instant,
@@ -161,7 +163,7 @@ pub struct RequestBody {
 
 impl RequestBody {
     pub(super) fn new(
-        recv: RecvStream,
+        (recv, read): (RecvStream, Bytes),
         len: u64,
         started: Instant,
         timeout: Duration,
@@ -169,6 +171,7 @@ impl RequestBody {
     ) -> Self {
         Self {
             recv,
+            read,
             len,
             left: len,
             deadline: started + timeout,
@@ -202,7 +205,13 @@ impl RequestBody {
                 actual: self.len,
             });
         }
+        if self.read.len() >= n {
+            // All of it read already (all of a small request): handed out without a copy.
+            self.left -= n as u64;
+            return Ok(self.read.split_to(n));
+        }
         let mut piece = BytesMut::with_capacity(n);
+        piece.extend_from_slice(&std::mem::take(&mut self.read));
         while piece.len() < n {
             let read =
                 tokio::time::timeout_at(self.deadline, self.recv.read_chunk(n - piece.len(), true));
@@ -355,7 +364,7 @@ impl Node {
             }
             match message.kind {
                 Kind::Response if message.message_id == message_id => Ok(RequestBody::new(
-                    recv,
+                    (recv, Bytes::new()),
                     payload_len as u64,
                     started,
                     deadline,
@@ -442,10 +451,7 @@ impl Inner {
             Err(error @ WriteError::Stopped(_)) => Some(error),
             Err(error) => return Err(RequestError::WriteFailed(error)),
         };
-        let counters = self.metrics.peer_counters(&peer);
-        self.metrics
-            .count_sent(&counters, (wire::FRAME_OVERHEAD + payload_len) as u64);
-        self.read_response(&connection, peer, recv, message_id, stopped)
+        self.read_response(&connection, peer, recv, (message_id, payload_len), stopped)
             .await
     }
 }

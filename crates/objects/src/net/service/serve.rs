@@ -70,13 +70,17 @@ impl ObjectService {
         };
         let carries =
             |len: u64| request.mode == FetchMode::Full || len <= object::CARRY_MAX_BYTES as u64;
-        let held = match (request.mode, self.inner.store.cached(request.key)) {
-            (FetchMode::Metadata, _) => None,
-            (_, Some(object)) if carries(object.content.len() as u64) => {
+        let cached = match request.mode {
+            FetchMode::Metadata => None,
+            _ => Some(self.inner.store.cached(request.key)),
+        };
+        let held = match cached {
+            None => None,
+            Some(Some(object)) if carries(object.content.len() as u64) => {
                 Some((object.stamp, AnswerBody::Held(object.content)))
             }
-            (_, Some(_)) => None,
-            (_, None) => match self.stored_answer_body(request.key).await {
+            Some(Some(_)) => None,
+            Some(None) => match self.stored_answer_body(request.key).await {
                 Ok(Some((stamp, body))) if carries(body.len()) => Some((stamp, body)),
                 Ok(Some(_)) => None,
                 Ok(None) => {
