@@ -68,45 +68,33 @@ impl ObjectService {
             StoreError::Stopped => HandlerError::Stopped,
             other => handler_error(other),
         };
-        let carries =
-            |len: u64| request.mode == FetchMode::Full || len <= object::CARRY_MAX_BYTES as u64;
-        let cached = match request.mode {
-            FetchMode::Metadata => None,
-            _ => Some(self.inner.store.cached(request.key)),
+        let carries = move |len: u64| {
+            request.mode == FetchMode::Full || len <= object::CARRY_MAX_BYTES as u64
         };
-        let held = match cached {
-            None => None,
-            Some(Some(object)) if carries(object.content.len() as u64) => {
-                Some((object.stamp, AnswerBody::Held(object.content)))
-            }
-            Some(Some(_)) => None,
-            Some(None) => match self.stored_answer_body(request.key).await {
-                Ok(Some((stamp, body))) if carries(body.len()) => Some((stamp, body)),
-                Ok(Some(_)) => None,
-                Ok(None) => {
-                    return self
-                        .answer_stamp(None)
-                        .map(|(head, _)| (head, Bytes::new().into()))
-                }
-                Err(error) => return Err(store_failed(error)),
-            },
+        // The copy's stamp and, when the answer carries it, its content.
+        let held = if request.mode == FetchMode::Metadata {
+            // Version and hash, the content checked without holding it whole.
+            let stamp = self.local_stamp(request.key).await.map_err(store_failed)?;
+            stamp.map(|stamp| (stamp, None))
+        } else if let Some(object) = self.inner.store.cached(request.key) {
+            let carried = carries(object.content.len() as u64).then_some(object.content.into());
+            Some((object.stamp, carried))
+        } else {
+            self.stored_answer_body(request.key, carries)
+                .await
+                .map_err(store_failed)?
         };
-        if let Some((stamp, body)) = held {
-            let (head, _) = self.answer_stamp(Some(stamp))?;
-            return Ok((head, body));
-        }
-        // Version and hash, the content checked without holding it whole.
-        let stamp = self.local_stamp(request.key).await.map_err(store_failed)?;
-        match (request.mode, stamp) {
-            (FetchMode::FullIfSmall, Some(stamp)) => {
-                let clock = self.tick().map_err(handler_error)?;
-                let head = object::encode_fetched_not_carried(clock, &stamp);
-                Ok((Bytes::from(head), Bytes::new().into()))
+        let clock = self.tick().map_err(handler_error)?;
+        let head = match &held {
+            Some((stamp, None)) if request.mode == FetchMode::FullIfSmall => {
+                object::encode_fetched_not_carried(clock, stamp)
             }
-            (_, stamp) => self
-                .answer_stamp(stamp)
-                .map(|(head, _)| (head, Bytes::new().into())),
-        }
+            held => object::encode_fetched_header(clock, held.as_ref().map(|(stamp, _)| stamp)),
+        };
+        let body = held
+            .and_then(|(_, body)| body)
+            .unwrap_or_else(|| Bytes::new().into());
+        Ok((Bytes::from(head), body))
     }
 
     /// Decodes `peer`'s fetch request and passes it through the gate: the request to answer, or

@@ -499,26 +499,35 @@ impl ObjectService {
         Some((stamp, ReadBody::Remote(Box::new(content))))
     }
 
-    /// The answer to an admitted full fetch of `key` when the object cache does not hold it: a
-    /// copy in a content file is streamed from the file, piece by piece, never held whole; a
-    /// smaller one is read whole. `None` when absent.
+    /// The answer to an admitted full fetch of `key` when the object cache does not hold it: its
+    /// stamp and, if `carries` its length, its content. A copy in a content file is streamed
+    /// from the file, piece by piece, never held whole; one too large to carry is read through
+    /// once to check it (on the blocking pool) and answered by its stamp alone. `None` when
+    /// absent.
     pub(super) async fn stored_answer_body(
         &self,
         key: &str,
-    ) -> Result<Option<(Stamp, AnswerBody)>, StoreError> {
+        carries: impl Fn(u64) -> bool,
+    ) -> Result<Option<(Stamp, Option<AnswerBody>)>, StoreError> {
         let key = key.to_string();
         let Some((stamp, body)) = self.on_store(move |store| store.get_body(&key)).await?? else {
             return Ok(None);
         };
         let body = match body {
-            Body::Held(content) => AnswerBody::Held(content),
-            Body::File(reader) => AnswerBody::Streamed(meshwire::StreamedAnswer::new(
-                reader.len(),
-                ReaderSource {
-                    reader: Some(reader),
-                    inline: self.inner.inline_store,
-                },
-            )),
+            Body::Held(content) => carries(content.len() as u64).then_some(content.into()),
+            Body::File(reader) if carries(reader.len()) => {
+                Some(AnswerBody::Streamed(meshwire::StreamedAnswer::new(
+                    reader.len(),
+                    ReaderSource {
+                        reader: Some(reader),
+                        inline: self.inner.inline_store,
+                    },
+                )))
+            }
+            Body::File(reader) => {
+                self.on_store(move |_| reader.check()).await??;
+                None
+            }
         };
         Ok(Some((stamp, body)))
     }
