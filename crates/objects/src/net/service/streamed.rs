@@ -1,7 +1,10 @@
-//! Large writes piece by piece: a body streamed into a content file ([`ObjectWriter`]), committed
-//! without a copy ([`ObjectService::put_written`]), sent to each replica from that file
-//! ([`FileSource`]) and stored there the same way ([`ObjectService::serve_store_streamed`]).
-//! No node holds the content whole: each holds one piece of [`PIECE_BYTES`] per write at a time.
+//! Large objects piece by piece. A write: a body streamed into a content file
+//! ([`ObjectWriter`]), committed without a copy ([`ObjectService::put_written`]), sent to each
+//! replica from that file ([`FileSource`]) and stored there the same way
+//! ([`ObjectService::serve_store_streamed`]). A read through a node that does not hold the
+//! content: a holder answers from its file ([`ReaderSource`]) and the reader passes the copy on
+//! as it arrives, checked against its hash ([`RemoteContent`]). No node holds the content
+//! whole: each holds one piece of [`PIECE_BYTES`] per transfer at a time.
 
 use std::collections::HashMap;
 use std::fs::File;
