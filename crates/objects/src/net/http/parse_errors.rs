@@ -10,7 +10,7 @@
 //! - hyper reads again or writes more: the held bytes were the tail of an ordinary response
 //!   (a body that happens to end with such bytes) and are sent unchanged first, so no response
 //!   is ever altered;
-//! - the connection ends with a parse error: [`ParseErrorIo::answer`] sends the JSON error
+//! - the connection ends with a parse error: [`ParseErrorAnswer::answer`] sends the JSON error
 //!   (`400 bad_request`, `431 headers_too_large`, `414 uri_too_long`) in their place.
 //!
 //! The socket is shared (`Arc<TcpStream>`) so that the answer can be written after hyper has
