@@ -87,7 +87,6 @@ use drive::{drive, now, Leftover};
 pub use entropy::{RoundReport, IN_FLIGHT, MAX_TRANSFER_BYTES, PULL_BATCH};
 use metrics::{DirectionLabel, ObjectMetrics, OutcomeLabel, ReasonLabel};
 use modes::Modes;
-use store_calls::blocking;
 pub use streamed::{ObjectWriter, ReadBody, RemoteContent, RemoteContentError, PIECE_BYTES};
 
 /// Settings of the object service.
@@ -566,11 +565,9 @@ impl ObjectService {
             node.handle(STORE, move |peer, body| {
                 let service = upgrade(&weak);
                 async move {
-                    let service = service?;
-                    let inline = service.inner.inline_store;
-                    blocking(inline, move || service.serve_store(peer, body))
+                    service?
+                        .serve_blocking(move |s| s.serve_store(peer, body))
                         .await
-                        .unwrap_or(Err(HandlerError::Stopped))
                 }
             })?;
         }
@@ -583,11 +580,9 @@ impl ObjectService {
         node.handle(CAS, move |peer, body| {
             let service = upgrade(&weak);
             async move {
-                let service = service?;
-                let inline = service.inner.inline_store;
-                blocking(inline, move || service.serve_cas(peer, body))
+                service?
+                    .serve_blocking(move |s| s.serve_cas(peer, body))
                     .await
-                    .unwrap_or(Err(HandlerError::Stopped))
             }
         })?;
         Ok(service)

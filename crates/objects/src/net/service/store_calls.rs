@@ -3,6 +3,7 @@
 //! serve the network and the HTTP API.
 
 use bytes::Bytes;
+use meshwire::HandlerError;
 
 use super::{lock, ObjectService, ObjectServiceError, ReadBody};
 use crate::net::store::{Body, ContentReader, Store, StoreError, StoredObject};
@@ -62,6 +63,18 @@ impl ObjectService {
         blocking(self.inner.inline_store, move || call(&store))
             .await
             .ok_or(StoreError::Stopped)
+    }
+
+    /// Runs a request handler's store work, `serve`, on the blocking pool (see
+    /// [`Self::on_store`]); a stopped pool answers [`HandlerError::Stopped`].
+    pub(super) async fn serve_blocking(
+        self,
+        serve: impl FnOnce(&Self) -> Result<Bytes, HandlerError> + Send + 'static,
+    ) -> Result<Bytes, HandlerError> {
+        let inline = self.inner.inline_store;
+        blocking(inline, move || serve(&self))
+            .await
+            .unwrap_or(Err(HandlerError::Stopped))
     }
 
     /// The local copy of `key`: from the object cache at once, else read on the blocking pool.

@@ -303,12 +303,11 @@ impl ObjectService {
             while let Some(piece) = body.next_piece().await.map_err(body_failed)? {
                 whole.extend_from_slice(&piece);
             }
-            let service = self.clone();
-            let inline = self.inner.inline_store;
             let whole = whole.freeze();
-            return blocking(inline, move || service.serve_store(peer, whole))
-                .await
-                .unwrap_or(Err(HandlerError::Stopped));
+            return self
+                .clone()
+                .serve_blocking(move |service| service.serve_store(peer, whole))
+                .await;
         }
         let key = object::decode_store_key(&key_bytes).map_err(malformed)?;
         if let Err(reason) = self.admit(peer, clock, Some(stamp)) {
