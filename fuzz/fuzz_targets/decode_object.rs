@@ -83,6 +83,17 @@ fuzz_target!(|data: &[u8]| {
         again.extend_from_slice(&message[request.content.clone()]);
         assert_eq!(again, message);
     }
+    // A streamed reader takes the head in steps (fixed part, key and tag, precondition); those
+    // steps must find exactly the head `decode_cas_head` decodes.
+    if let Ok(request) = cas::decode_cas_head(message) {
+        let (prepare, key_and_tag) = cas::cas_key_and_tag_len(message).unwrap();
+        assert_eq!(prepare, matches!(request.phase, cas::Phase::Prepare(_)));
+        let mut head = cas::CAS_FIXED_LEN + key_and_tag;
+        if prepare {
+            head += cas::precondition_len(message[head - 1]).unwrap();
+        }
+        assert_eq!(head, request.content.start);
+    }
     if let Ok((answer_clock, answer)) = decode_cas_answer(message) {
         assert_eq!(cas::encode_cas_answer(answer_clock, answer), message);
     }

@@ -118,20 +118,23 @@
 //!   SHA-256 and report a damaged object as corrupt. A `GET` streams content from its content
 //!   file in 256 KiB chunks (checked before the read answers, and again as it streams), so a slow
 //!   reader of a large object holds a chunk, not the object. A `PUT` of 64 KiB or more (or of
-//!   unknown length) without a precondition is written to a new content file in 256 KiB pieces
+//!   unknown length) is written to a new content file in 256 KiB pieces
 //!   as it arrives and hashed on the way; the node then stamps it, commits that file as its own
 //!   copy (no copy made) and sends it to the other replicas from the file, piece by piece, as a
 //!   streamed request ([`meshwire::Node::request_streamed`]); a replica writes what arrives to a
 //!   content file of its own, checks it against the stamp's hash and commits it (a mismatch is
-//!   refused as malformed and leaves no file). So no node holds such a write whole: each holds a
-//!   piece per write. A `GET` through a node that does not hold the winner's content asks the
+//!   refused as malformed and leaves no file). A conditional `PUT` (`If-Match`/`If-None-Match`)
+//!   goes the same way through its two phases: the prepare carries the content piece by piece,
+//!   a replica answers busy or a failed precondition before it reads the content, and holds a
+//!   prepared large copy in its content file (at most 1 GiB of them per node) until the commit
+//!   commits that file. So no node holds such a write whole: each holds a piece per write. A `GET` through a node that does not hold the winner's content asks the
 //!   quorum for content only up to 256 KiB (`FetchMode::FullIfSmall`); a larger one is then
 //!   streamed from one holder's content file ([`meshwire::Node::request_streamed_answer`]) into
 //!   the response and checked against its hash as it arrives (a mismatch or a broken stream cuts
 //!   the response short). A replica answers any full fetch of a content file from the file,
 //!   piece by piece. Still held whole (bounded by `max_object_bytes`, the HTTP body budget and
-//!   the node's request budget): conditional writes (`If-Match`/`If-None-Match`), reads through
-//!   the service API (`ObjectService::get`), read repair, and anti-entropy transfers. One memory budget (`store_memory_bytes`,
+//!   the node's request budget): reads through the service API (`ObjectService::get`), read
+//!   repair, and anti-entropy transfers. One memory budget (`store_memory_bytes`,
 //!   128 MiB) holds redb's page cache and a cache of hot objects (half each; objects up to a
 //!   quarter of the cache), so many readers of one object share one buffer. Store calls run on
 //!   tokio's blocking pool (or on the calling task with `ServiceOptions::inline_store`, which the

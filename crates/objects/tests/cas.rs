@@ -335,3 +335,140 @@ async fn a_prepare_that_arrives_after_its_commit_or_abort_is_never_held() {
         daemon.shutdown().await.unwrap();
     }
 }
+
+/// Files in a daemon's content directory: committed large objects and prepared large writes.
+fn content_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir.join("objects.content"))
+        .map(|entries| entries.count())
+        .unwrap_or(0)
+}
+
+/// Waits until `dir` holds `files` content files (a write answers at W; the rest follows).
+async fn content_files_become(dir: &std::path::Path, files: usize) {
+    for _ in 0..200 {
+        if content_files(dir) == files {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(content_files(dir), files, "content files in {dir:?}");
+}
+
+#[tokio::test]
+async fn large_conditional_writes_are_prepared_in_content_files() {
+    // Three members with stores on disk (R = 3, W = 2): a conditional PUT of a large body is
+    // written to a content file where it arrives, sent from there in its prepare to the other
+    // replicas' own content files, and each commit commits the file it prepared.
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut daemons = Vec::new();
+    for dir in &dirs {
+        daemons.push(
+            Daemon::builder(ObjectConfig::default())
+                .http(loopback)
+                .data_dir(dir.path())
+                .bind(loopback, |_| {})
+                .await
+                .unwrap(),
+        );
+    }
+    support::members_meshed(&daemons).await;
+    let body = |seed: usize, len: usize| -> Vec<u8> {
+        (0..len).map(|i| ((i + seed) % 251) as u8).collect()
+    };
+    let api = daemons[0].http_address().unwrap();
+    let first = body(0, 1 << 20 | 777);
+    let create = [("If-None-Match", "*")];
+    let created = http(api, "PUT", "/objects/deed", &create, &first).await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    let etag = created.json()["etag"].as_str().unwrap().to_string();
+    for dir in &dirs {
+        content_files_become(dir.path(), 1).await;
+    }
+    // A failed precondition leaves no file anywhere: the replicas answer it before they read the
+    // content, and the coordinator's own file is dropped.
+    let again = http(api, "PUT", "/objects/deed", &create, &body(1, 300_000)).await;
+    assert_eq!(again.status, 412);
+    assert_eq!(again.json()["current_etag"], etag.as_str());
+    let second = body(2, 2 << 20);
+    let update = http(api, "PUT", "/objects/deed", &[("If-Match", &etag)], &second).await;
+    assert_eq!(
+        update.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&update.body)
+    );
+    let stale = http(api, "PUT", "/objects/deed", &[("If-Match", &etag)], &first).await;
+    assert_eq!(stale.status, 412);
+    for dir in &dirs {
+        // The replaced copy's file is removed with the commit that replaced it.
+        content_files_become(dir.path(), 1).await;
+    }
+    let read = http(
+        daemons[2].http_address().unwrap(),
+        "GET",
+        "/objects/deed",
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(read.status, 200);
+    assert!(read.body == second, "the committed copy differs");
+
+    // A large prepare whose content does not match its stamp's hash is refused as malformed
+    // (checked as it arrives) and leaves no file.
+    let (asker, target) = (daemons[0].node(), daemons[1].node().peer_id());
+    let prepare = Phase::Prepare(Precondition::Absent);
+    let forged = stamp_of(9, b"something else");
+    let refused = asker
+        .request_parts(
+            target,
+            meshwire::protocols::OBJECT_CAS,
+            Bytes::from(encode_cas_header(1, prepare, "forged", &forged)),
+            Bytes::from(body(3, 200_000)),
+            std::time::Duration::from_secs(5),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(meshwire::RequestError::Remote(reason)) if reason.contains("does not match its hash")),
+        "{refused:?}"
+    );
+    assert_eq!(content_files(dirs[1].path()), 1);
+    // A large prepare is held in a file of its own; another coordinator's prepare on the key is
+    // answered busy and leaves no file; the abort removes the held one.
+    let held = body(4, 200_000);
+    let stamp = stamp_of(9, &held);
+    assert_eq!(
+        cas_phase(asker, target, prepare, "held", stamp, &held).await,
+        CasAnswer::Done
+    );
+    assert_eq!(content_files(dirs[1].path()), 2);
+    let other = body(5, 200_000);
+    assert_eq!(
+        cas_phase(
+            daemons[2].node(),
+            target,
+            prepare,
+            "held",
+            stamp_of(10, &other),
+            &other
+        )
+        .await,
+        CasAnswer::Busy
+    );
+    assert_eq!(content_files(dirs[1].path()), 2);
+    assert_eq!(
+        cas_phase(asker, target, Phase::Abort, "held", stamp, b"").await,
+        CasAnswer::Done
+    );
+    assert_eq!(content_files(dirs[1].path()), 1);
+    assert!(daemons[1].service().get_local("held").is_err());
+    for daemon in daemons {
+        daemon.shutdown().await.unwrap();
+    }
+}

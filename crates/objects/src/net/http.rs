@@ -57,7 +57,7 @@ use super::ring::Ring;
 use super::service::{ObjectService, ObjectServiceError, ReadBody, WriteOutcome, PIECE_BYTES};
 use super::store::{Body as StoreBody, StoreError};
 use super::topics::Topics;
-use crate::proto::cas::{etag, parse_precondition};
+use crate::proto::cas::{etag, parse_precondition, Precondition};
 use crate::proto::object::Stamp;
 use futures_util::StreamExt as _;
 
@@ -237,14 +237,14 @@ async fn put_object(
             .map(HeaderValue::as_bytes),
     )?;
     // A body large enough for a content file (or of unknown length) goes to one piece by piece,
-    // and from there to the replicas, never held whole. A conditional write holds its body: its
-    // replicas check the precondition before they take the content.
+    // and from there to the replicas, never held whole (a conditional one too: its replicas
+    // check the precondition before they take the content).
     let declared = declared_length(&headers);
     let streamed = service
         .streamed_min_bytes()
         .is_some_and(|min| declared.is_none_or(|len| len >= min));
-    if precondition.is_none() && streamed {
-        return put_streamed(&service, key, &budget, declared, body).await;
+    if streamed {
+        return put_streamed(&service, key, precondition, &budget, declared, body).await;
     }
     // The body's bytes stay reserved until the write is done.
     let (content, _reserved) = match budget.read(declared, body, max).await {
@@ -266,6 +266,7 @@ async fn put_object(
 async fn put_streamed(
     service: &ObjectService,
     key: String,
+    precondition: Option<Precondition>,
     budget: &BodyBudget,
     declared: Option<usize>,
     body: Body,
@@ -286,7 +287,10 @@ async fn put_streamed(
         }
     }
     let content = writer.finish().await?;
-    let outcome = service.put_written(&key, content).await?;
+    let outcome = match precondition {
+        Some(precondition) => service.put_written_if(&key, content, precondition).await?,
+        None => service.put_written(&key, content).await?,
+    };
     Ok(written(key, outcome))
 }
 

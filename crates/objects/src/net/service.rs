@@ -577,14 +577,22 @@ impl ObjectService {
             async move { service?.serve_sync(peer, body).await }
         })?;
         let weak = Arc::downgrade(&service.inner);
-        node.handle(CAS, move |peer, body| {
-            let service = upgrade(&weak);
-            async move {
-                service?
-                    .serve_blocking(move |s| s.serve_cas(peer, body))
-                    .await
-            }
-        })?;
+        if service.streamed_min_bytes().is_some() {
+            // Large prepares written to their content file as they arrive, as large copies are.
+            node.handle_streamed(CAS, move |peer, body| {
+                let service = upgrade(&weak);
+                async move { service?.serve_cas_streamed(peer, body).await }
+            })?;
+        } else {
+            node.handle(CAS, move |peer, body| {
+                let service = upgrade(&weak);
+                async move {
+                    service?
+                        .serve_blocking(move |s| s.serve_cas(peer, body))
+                        .await
+                }
+            })?;
+        }
         Ok(service)
     }
 

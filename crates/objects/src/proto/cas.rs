@@ -8,7 +8,10 @@
 //!
 //! 1. **Prepare** (to every replica): the replica checks the precondition against its store and
 //!    that no other conditional write is pending on the key, then holds the copy as *pending*
-//!    (in memory, until commit, abort, or twice the write deadline). Two conditional writes on
+//!    (in memory, or a large copy in a content file of its own, written as it arrives; until
+//!    commit, abort, or twice the write deadline). A replica reading a large prepare piece by
+//!    piece answers busy or a failed precondition from its head, before it reads the content,
+//!    and checks both again once the content is in. Two conditional writes on
 //!    the same key cannot both be pending on one replica, so with `W > R / 2` at most one of
 //!    several concurrent writes prepares on W replicas.
 //! 2. **Commit** (only after W prepares, to every replica): a replica applies its pending copy if
@@ -177,8 +180,62 @@ pub fn encode_cas_header(clock: u64, phase: Phase, key: &str, stamp: &Stamp) -> 
     out
 }
 
+/// Bytes a conditional-write request starts with: clock, phase, stamp and key length.
+pub const CAS_FIXED_LEN: usize = CLOCK_LEN + 1 + STAMP_LEN + 2;
+
+/// Whether a request is a prepare, and how many bytes of its head follow its first
+/// [`CAS_FIXED_LEN`] bytes up to a prepare's precondition tag: the key and, for a prepare, the
+/// tag. A reader of a request arriving piece by piece reads them, then [`precondition_len`]
+/// more for a prepare.
+pub fn cas_key_and_tag_len(fixed: &[u8]) -> Result<(bool, usize), ObjectError> {
+    need(fixed, CAS_FIXED_LEN)?;
+    let key_len = u16::from_le_bytes([fixed[CAS_FIXED_LEN - 2], fixed[CAS_FIXED_LEN - 1]]) as usize;
+    if key_len > MAX_KEY_LEN {
+        return Err(ObjectError::InvalidKey("longer than 256 bytes"));
+    }
+    match fixed[CLOCK_LEN] {
+        0 => Ok((true, key_len + 1)),
+        1 | 2 => Ok((false, key_len)),
+        other => Err(ObjectError::UnknownTag(other)),
+    }
+}
+
+/// How many bytes of a prepare's precondition follow its tag.
+pub fn precondition_len(tag: u8) -> Result<usize, ObjectError> {
+    match tag {
+        0 => Ok(0),
+        1 => Ok(STAMP_LEN),
+        other => Err(ObjectError::UnknownTag(other)),
+    }
+}
+
 /// Decodes a conditional-write request, checking the key and a prepare's content against its hash.
 pub fn decode_cas(bytes: &[u8], max_content: usize) -> Result<CasRequest<'_>, ObjectError> {
+    let request = decode_cas_head(bytes)?;
+    let content = request.content.clone();
+    match request.phase {
+        Phase::Prepare(_) => {
+            if content.len() > max_content {
+                return Err(ObjectError::TooLarge {
+                    len: content.len(),
+                    max: max_content,
+                });
+            }
+            if content_hash(&bytes[content.clone()]) != request.stamp.hash {
+                return Err(ObjectError::HashMismatch);
+            }
+        }
+        Phase::Commit | Phase::Abort if !content.is_empty() => {
+            return Err(ObjectError::Trailing(content.len()))
+        }
+        Phase::Commit | Phase::Abort => {}
+    }
+    Ok(request)
+}
+
+/// Decodes a conditional-write request's head; what follows it (`content`) is not checked. A
+/// prepare's content arriving piece by piece is checked against the hash as it is stored.
+pub fn decode_cas_head(bytes: &[u8]) -> Result<CasRequest<'_>, ObjectError> {
     let clock = read_u64(bytes)?;
     need(bytes, CLOCK_LEN + 1)?;
     let phase_tag = bytes[CLOCK_LEN];
@@ -214,30 +271,12 @@ pub fn decode_cas(bytes: &[u8], max_content: usize) -> Result<CasRequest<'_>, Ob
         2 => Phase::Abort,
         other => return Err(ObjectError::UnknownTag(other)),
     };
-    let content = at..bytes.len();
-    match phase {
-        Phase::Prepare(_) => {
-            if content.len() > max_content {
-                return Err(ObjectError::TooLarge {
-                    len: content.len(),
-                    max: max_content,
-                });
-            }
-            if content_hash(&bytes[content.clone()]) != stamp.hash {
-                return Err(ObjectError::HashMismatch);
-            }
-        }
-        Phase::Commit | Phase::Abort if !content.is_empty() => {
-            return Err(ObjectError::Trailing(content.len()))
-        }
-        Phase::Commit | Phase::Abort => {}
-    }
     Ok(CasRequest {
         clock,
         phase,
         key,
         stamp,
-        content,
+        content: at..bytes.len(),
     })
 }
 

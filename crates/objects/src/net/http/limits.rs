@@ -53,7 +53,7 @@ pub struct HttpLimits {
     /// Requests handled at once (default 64); past it, a request gets `503`.
     pub max_concurrent_requests: usize,
     /// Bytes of request bodies held at once (default 64 MiB, at least `max_object_bytes`). A
-    /// request whose body is held whole (a conditional PUT, a PUT under 64 KiB, a topic message)
+    /// request whose body is held whole (a PUT under 64 KiB, a topic message)
     /// reserves its `Content-Length` (the route's limit when chunked) before reading its body and
     /// keeps it until it is done; a PUT streamed into a content file reserves one 256 KiB piece.
     /// A request that does not fit gets `503 busy`.

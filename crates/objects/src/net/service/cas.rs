@@ -6,31 +6,81 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use meshwire::protocols::OBJECT_CAS as CAS;
-use meshwire::{HandlerError, PeerId};
+use meshwire::{HandlerError, PeerId, RequestBody};
 use tokio::time::Instant;
 
-use crate::net::store::StoreError;
+use crate::net::store::{Store, StoreError, WrittenContent};
 use crate::proto::cas::{self, CasAnswer, Phase, Precondition};
-use crate::proto::object::{Refusal, Stamp};
+use crate::proto::object::{ObjectError, Refusal, Stamp};
 
 use super::drive::{drive, Leftover};
+use super::store_calls::blocking;
+use super::streamed::Ready;
+use super::write::Copy;
 use super::{lock, ObjectService, ObjectServiceError, ReplicaError, WriteOutcome};
 
 /// A prepared conditional write a replica holds until commit, abort or expiry.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(super) struct Pending {
     /// The coordinator that prepared it: two coordinators can produce the same stamp (the same
     /// content in the same millisecond), and one must not commit or abort the other's write.
     owner: PeerId,
     stamp: Stamp,
-    content: Bytes,
+    content: Prepared,
     precondition: Precondition,
     expires: Instant,
+}
+
+/// The content of a prepared conditional write.
+#[derive(Debug)]
+pub(super) enum Prepared {
+    /// In memory: a prepare that arrived whole (counted in [`MAX_PENDING_BYTES`]).
+    Held(Bytes),
+    /// In a content file of its own: a large prepare written piece by piece as it arrived, or
+    /// the coordinator's own streamed body (counted in [`MAX_PENDING_FILE_BYTES`]). The file is
+    /// committed as it is, or removed when the write is dropped.
+    Written(WrittenContent),
+}
+
+impl Prepared {
+    fn memory_bytes(&self) -> usize {
+        match self {
+            Self::Held(content) => content.len(),
+            Self::Written(_) => 0,
+        }
+    }
+
+    fn file_bytes(&self) -> u64 {
+        match self {
+            Self::Held(_) => 0,
+            Self::Written(content) => content.len(),
+        }
+    }
+
+    /// Stores it under `key` with `stamp` if `precondition` holds, in one transaction (see
+    /// [`Store::put_if`]).
+    fn put_if(
+        self,
+        store: &Store,
+        key: &str,
+        stamp: Stamp,
+        precondition: Precondition,
+    ) -> Result<Result<Stamp, Option<Stamp>>, StoreError> {
+        match self {
+            Self::Held(content) => store.put_if(key, stamp, content, precondition),
+            Self::Written(content) => store.put_written_if(key, stamp, content, precondition),
+        }
+    }
 }
 
 /// Most content bytes a node holds in prepared conditional writes; a prepare beyond it is
 /// answered busy, so peers cannot grow this node's memory without bound.
 const MAX_PENDING_BYTES: usize = 64 * 1024 * 1024;
+
+/// Most content bytes a node holds in the content files of prepared conditional writes; a
+/// prepare beyond it is answered busy, so peers cannot fill this node's disk with writes they
+/// never commit.
+const MAX_PENDING_FILE_BYTES: u64 = 1024 * 1024 * 1024;
 
 /// A commit or abort that found nothing prepared on this node: its prepare may still be on its
 /// way (the phases travel on separate streams, so a commit can overtake its prepare).
@@ -68,26 +118,131 @@ impl ObjectService {
     pub fn serve_cas(&self, peer: PeerId, body: Bytes) -> Result<Bytes, HandlerError> {
         let request = cas::decode_cas(&body, self.inner.config.max_object_bytes)
             .map_err(|error| self.malformed(peer, error))?;
+        if let Err(reason) = self.admit_cas(peer, &request) {
+            return self.cas_reply(Err(reason));
+        }
+        let content = Prepared::Held(body.slice(request.content.clone()));
+        let answer = self
+            .cas_local(peer, request.phase, request.key, request.stamp, content)
+            .map_err(failed)?;
+        self.cas_reply(Ok(answer))
+    }
+
+    /// Passes a conditional-write request through the gate every object request passes (see
+    /// [`Self::admit`]); a refusal is counted.
+    fn admit_cas(&self, peer: PeerId, request: &cas::CasRequest<'_>) -> Result<(), Refusal> {
         let stamp = matches!(request.phase, Phase::Prepare(_)).then_some(request.stamp);
-        let answer = match self.admit(peer, request.clock, stamp) {
-            Err(reason) => {
-                self.count_refused_request(peer, request.key, reason);
-                Err(reason)
-            }
-            Ok(()) => Ok(self
-                .cas_local(
-                    peer,
-                    request.phase,
-                    request.key,
-                    request.stamp,
-                    body.slice(request.content.clone()),
-                )
-                .map_err(|error| HandlerError::Failed(Box::new(error)))?),
-        };
-        let clock = self
-            .tick()
-            .map_err(|error| HandlerError::Failed(Box::new(error)))?;
+        self.admit(peer, request.clock, stamp)
+            .inspect_err(|reason| {
+                self.count_refused_request(peer, request.key, *reason);
+            })
+    }
+
+    /// The encoded answer to a conditional-write request, stamped with this node's clock.
+    fn cas_reply(&self, answer: Result<CasAnswer, Refusal>) -> Result<Bytes, HandlerError> {
+        let clock = self.tick().map_err(failed)?;
         Ok(Bytes::from(cas::encode_cas_answer(clock, answer)))
+    }
+
+    /// Answers a conditional-write request arriving piece by piece, as [`Self::serve_cas`]
+    /// answers one read whole. A prepare whose content is large enough for a content file has
+    /// it written to one of its own as it arrives (checked against its hash) and held there
+    /// until commit, abort or expiry; one that would be busy or fail its precondition is
+    /// answered before its content is read. Smaller requests are read whole. Serves CAS on a
+    /// node whose store keeps content files.
+    pub(super) async fn serve_cas_streamed(
+        &self,
+        peer: PeerId,
+        mut body: RequestBody,
+    ) -> Result<Bytes, HandlerError> {
+        let malformed = |error| self.malformed(peer, error);
+        let read_failed = |error| HandlerError::Malformed(Box::new(error));
+        let fixed = body
+            .read_exact(cas::CAS_FIXED_LEN)
+            .await
+            .map_err(read_failed)?;
+        let (prepare, key_and_tag) = cas::cas_key_and_tag_len(&fixed).map_err(malformed)?;
+        let key_and_tag = body.read_exact(key_and_tag).await.map_err(read_failed)?;
+        let precondition = match (prepare, key_and_tag.last()) {
+            (true, Some(&tag)) => {
+                let len = cas::precondition_len(tag).map_err(malformed)?;
+                body.read_exact(len).await.map_err(read_failed)?
+            }
+            _ => Bytes::new(),
+        };
+        let len = body.remaining();
+        if !prepare || self.streamed_min_bytes().is_none_or(|min| len < min as u64) {
+            let whole = Self::read_whole(&[&fixed, &key_and_tag, &precondition], &mut body).await?;
+            return self
+                .clone()
+                .serve_blocking(move |service| service.serve_cas(peer, whole))
+                .await;
+        }
+        let head = [&fixed[..], &key_and_tag, &precondition].concat();
+        let request = cas::decode_cas_head(&head).map_err(malformed)?;
+        let max = self.inner.config.max_object_bytes;
+        if len > max as u64 {
+            return Err(malformed(ObjectError::TooLarge {
+                len: usize::try_from(len).unwrap_or(usize::MAX),
+                max,
+            }));
+        }
+        let Phase::Prepare(precondition) = request.phase else {
+            return Err(malformed(ObjectError::Trailing(len as usize)));
+        };
+        if let Err(reason) = self.admit_cas(peer, &request) {
+            return self.cas_reply(Err(reason));
+        }
+        let (key, stamp) = (request.key.to_string(), request.stamp);
+        let service = self.clone();
+        let early = {
+            let key = key.clone();
+            blocking(self.inner.inline_store, move || {
+                service.cas_precheck(peer, &key, stamp, precondition)
+            })
+            .await
+            .ok_or(HandlerError::Stopped)?
+            .map_err(failed)?
+        };
+        if let Some(answer) = early {
+            return self.cas_reply(Ok(answer));
+        }
+        let written = self.write_body(peer, &mut body, stamp.hash).await?;
+        let service = self.clone();
+        let answer = blocking(self.inner.inline_store, move || {
+            let content = Prepared::Written(written);
+            service.cas_local(peer, Phase::Prepare(precondition), &key, stamp, content)
+        })
+        .await
+        .ok_or(HandlerError::Stopped)?
+        .map_err(failed)?;
+        self.cas_reply(Ok(answer))
+    }
+
+    /// The answer a prepare of `stamp` by `owner` gets before its content arrives, if that is
+    /// known already: busy while another conditional write is pending on the key, a mismatch
+    /// when the stored copy's header fails the precondition. `None`: the content is to be read
+    /// (and the prepare checks both again with it). Blocks (a store read).
+    fn cas_precheck(
+        &self,
+        owner: PeerId,
+        key: &str,
+        stamp: Stamp,
+        precondition: Precondition,
+    ) -> Result<Option<CasAnswer>, StoreError> {
+        {
+            let state = lock(&self.inner.pending);
+            let at = Instant::now();
+            if let Some(held) = state.held.get(key).filter(|held| held.expires > at) {
+                return Ok(Some(if held.owner == owner && held.stamp == stamp {
+                    CasAnswer::Done
+                } else {
+                    CasAnswer::Busy
+                }));
+            }
+        }
+        let current = self.inner.store.header(key)?.map(|(stamp, _)| stamp);
+        Ok((!precondition.holds(current.as_ref())).then_some(CasAnswer::Mismatch(current)))
     }
 
     /// Runs one phase of a conditional write on this node's store. Blocks (store reads and a
@@ -103,7 +258,7 @@ impl ObjectService {
         phase: Phase,
         key: &str,
         stamp: Stamp,
-        content: Bytes,
+        content: Prepared,
     ) -> Result<CasAnswer, StoreError> {
         let mut state = lock(&self.inner.pending);
         let at = Instant::now();
@@ -131,13 +286,20 @@ impl ObjectService {
                         // Aborted already: nothing to hold.
                         return Ok(CasAnswer::Done);
                     }
-                    return Ok(match store.put_if(key, stamp, content, precondition)? {
+                    return Ok(match content.put_if(store, key, stamp, precondition)? {
                         Ok(_) => CasAnswer::Done,
                         Err(current) => committed_or_mismatch(stamp, current),
                     });
                 }
-                let held_bytes: usize = state.held.values().map(|held| held.content.len()).sum();
-                if held_bytes + content.len() > MAX_PENDING_BYTES {
+                let (memory, files) = state.held.values().fold((0, 0), |(memory, files), held| {
+                    (
+                        memory + held.content.memory_bytes(),
+                        files + held.content.file_bytes(),
+                    )
+                });
+                if memory + content.memory_bytes() > MAX_PENDING_BYTES
+                    || files + content.file_bytes() > MAX_PENDING_FILE_BYTES
+                {
                     return Ok(CasAnswer::Busy);
                 }
                 let current = store.checked_stamp(key)?;
@@ -162,7 +324,9 @@ impl ObjectService {
                 Some(held) if held.owner == owner && held.stamp == stamp => {
                     // The store checks the precondition again in the write's own transaction:
                     // an unconditional write may have landed since the prepare.
-                    let applied = store.put_if(key, held.stamp, held.content, held.precondition)?;
+                    let applied = held
+                        .content
+                        .put_if(store, key, held.stamp, held.precondition)?;
                     Ok(match applied {
                         Ok(_) => CasAnswer::Done,
                         Err(current) => committed_or_mismatch(stamp, current),
@@ -205,7 +369,41 @@ impl ObjectService {
     ) -> Result<WriteOutcome, ObjectServiceError> {
         let started = tokio::time::Instant::now();
         let result = self.put_if_inner(key, content, precondition).await;
-        let label = match &result {
+        self.count_put_if(started, &result);
+        result
+    }
+
+    /// Writes the finished content file `content` under `key` only if the current copy
+    /// satisfies `precondition`, as [`Self::put_if`] does with content in memory: the local
+    /// replica holds the file itself while prepared, the others are sent it piece by piece.
+    pub async fn put_written_if(
+        &self,
+        key: &str,
+        content: WrittenContent,
+        precondition: Precondition,
+    ) -> Result<WriteOutcome, ObjectServiceError> {
+        let started = tokio::time::Instant::now();
+        let after = precondition_version(precondition);
+        let result = match self.ready_written(key, content, after).await {
+            Ok(Ready::Small(content)) => self.put_if_inner(key, content, precondition).await,
+            Ok(Ready::Large(stamp, outgoing)) => {
+                self.cas_copies(key, stamp, Copy::Written(outgoing), precondition)
+                    .await
+            }
+            Err(error) => Err(error),
+        };
+        self.count_put_if(started, &result);
+        result
+    }
+
+    /// Counts a conditional write begun at `started` by its outcome (and its time, if it
+    /// succeeded).
+    fn count_put_if(
+        &self,
+        started: tokio::time::Instant,
+        result: &Result<WriteOutcome, ObjectServiceError>,
+    ) {
+        let label = match result {
             Ok(_) => {
                 self.observe_write(started.elapsed());
                 "ok"
@@ -218,7 +416,6 @@ impl ObjectService {
             Err(_) => "error",
         };
         self.count_write(label);
-        result
     }
 
     async fn put_if_inner(
@@ -228,11 +425,21 @@ impl ObjectService {
         precondition: Precondition,
     ) -> Result<WriteOutcome, ObjectServiceError> {
         self.check_write(key, &content)?;
-        let after = match precondition {
-            Precondition::Matches(stamp) => Some(stamp.version),
-            Precondition::Absent => None,
-        };
+        let after = precondition_version(precondition);
         let stamp = self.next_stamp(key, &content, after).await?;
+        self.cas_copies(key, stamp, Copy::Held(content), precondition)
+            .await
+    }
+
+    /// Writes `copy` under `key` with `stamp` if the current copy satisfies `precondition`:
+    /// prepared on W replicas, then committed on W.
+    async fn cas_copies(
+        &self,
+        key: &str,
+        stamp: Stamp,
+        copy: Copy,
+        precondition: Precondition,
+    ) -> Result<WriteOutcome, ObjectServiceError> {
         let replicas = self.replicas(key);
         let quorum = self.inner.config.write_quorum.min(replicas.len()).max(1);
         let prepare = Phase::Prepare(precondition);
@@ -251,7 +458,7 @@ impl ObjectService {
         let acks = match first {
             Some(first) => {
                 let locked = self
-                    .cas_phase(key, stamp, prepare, content.clone(), &[first], 1, &prepared)
+                    .cas_phase(key, stamp, prepare, copy.clone(), &[first], 1, &prepared)
                     .await?;
                 let contended = prepared.busy.load(Ordering::Relaxed) > 0
                     || prepared.mismatches.load(Ordering::Relaxed) > 0;
@@ -266,12 +473,12 @@ impl ObjectService {
                     let needed = quorum - locked;
                     locked
                         + self
-                            .cas_phase(key, stamp, prepare, content, &rest, needed, &prepared)
+                            .cas_phase(key, stamp, prepare, copy, &rest, needed, &prepared)
                             .await?
                 }
             }
             None => {
-                self.cas_phase(key, stamp, prepare, content, &replicas, quorum, &prepared)
+                self.cas_phase(key, stamp, prepare, copy, &replicas, quorum, &prepared)
                     .await?
             }
         };
@@ -286,7 +493,7 @@ impl ObjectService {
                         &key,
                         stamp,
                         Phase::Abort,
-                        Bytes::new(),
+                        Copy::Held(Bytes::new()),
                         &all,
                         all.len(),
                         &ignored,
@@ -315,7 +522,7 @@ impl ObjectService {
                 key,
                 stamp,
                 Phase::Commit,
-                Bytes::new(),
+                Copy::Held(Bytes::new()),
                 &replicas,
                 quorum,
                 &committed,
@@ -344,7 +551,7 @@ impl ObjectService {
         key: &str,
         stamp: Stamp,
         phase: Phase,
-        content: Bytes,
+        copy: Copy,
         replicas: &[PeerId],
         needed: usize,
         tally: &Arc<Tally>,
@@ -359,23 +566,30 @@ impl ObjectService {
         let key = key.to_string();
         let shared = tally.clone();
         let ask = move |peer: PeerId| {
-            let (service, header, content, key) = (
-                service.clone(),
-                header.clone(),
-                content.clone(),
-                key.clone(),
-            );
+            let (service, header, copy, key) =
+                (service.clone(), header.clone(), copy.clone(), key.clone());
             let tally = shared.clone();
             async move {
                 let answer = if peer == me {
+                    let content = match copy {
+                        Copy::Held(content) => Prepared::Held(content),
+                        Copy::Written(outgoing) => Prepared::Written(outgoing.take_content()?),
+                    };
                     let local = service.clone();
-                    super::store_calls::blocking(service.inner.inline_store, move || {
+                    blocking(service.inner.inline_store, move || {
                         local.cas_local(me, phase, &key, stamp, content)
                     })
                     .await
                     .ok_or(StoreError::Stopped)??
                 } else {
-                    let reply = service.request_replica(peer, CAS, header, content).await?;
+                    let reply = match copy {
+                        Copy::Held(content) => {
+                            service.request_replica(peer, CAS, header, content).await?
+                        }
+                        Copy::Written(outgoing) => {
+                            service.send_written(peer, CAS, header, &outgoing).await?
+                        }
+                    };
                     let (clock, answer) = cas::decode_cas_answer(&reply)?;
                     service.accept_answer(peer, clock, None)?;
                     answer.map_err(|reason: Refusal| {
@@ -404,6 +618,18 @@ impl ObjectService {
         let (done, _) = drive(&self.inner.scores, plan, ask, Leftover::Finish).await;
         Ok(done.len())
     }
+}
+
+/// The version a conditional write's stamp must follow: the one its precondition names.
+fn precondition_version(precondition: Precondition) -> Option<u64> {
+    match precondition {
+        Precondition::Matches(stamp) => Some(stamp.version),
+        Precondition::Absent => None,
+    }
+}
+
+fn failed(error: impl std::error::Error + Send + Sync + 'static) -> HandlerError {
+    HandlerError::Failed(Box::new(error))
 }
 
 /// A commit's answer when it could not apply its pending copy: `Done` if the store already holds

@@ -15,6 +15,7 @@ use bytes::{Bytes, BytesMut};
 use meshwire::{AnswerBody, HandlerError, PeerId, RequestBody};
 
 use super::store_calls::blocking;
+use super::write::Copy;
 use super::{lock, ObjectService, ObjectServiceError, ReplicaError, WriteOutcome};
 use crate::net::store::{Body, ContentReader, ContentWriter, StoreError, WrittenContent};
 use crate::proto::object::{self, ContentHash, Stamp, Stored};
@@ -139,6 +140,21 @@ impl meshwire::BodySource for FileSource {
     }
 }
 
+impl Outgoing {
+    /// The file, for the local replica's commit (or prepare); taken once.
+    pub(super) fn take_content(&self) -> Result<WrittenContent, StoreError> {
+        lock(&self.content).take().ok_or(StoreError::Stopped)
+    }
+}
+
+/// A finished content file made ready to write ([`ObjectService::ready_written`]).
+pub(super) enum Ready {
+    /// Small enough for the store's own pages: read back, its file removed.
+    Small(Bytes),
+    /// Stamped, and open for each other replica.
+    Large(Stamp, Arc<Outgoing>),
+}
+
 /// A written content file on its way to the replicas: the local commit takes the file, each
 /// remote replica reads it through its own handle, opened before the commit (an open file stays
 /// readable if the commit loses and removes it).
@@ -167,6 +183,24 @@ impl ObjectService {
         key: &str,
         content: WrittenContent,
     ) -> Result<WriteOutcome, ObjectServiceError> {
+        match self.ready_written(key, content, None).await? {
+            Ready::Small(content) => self.put_inner(key, content).await,
+            Ready::Large(stamp, outgoing) => {
+                self.write_copies(key, stamp, Copy::Written(outgoing)).await
+            }
+        }
+    }
+
+    /// Makes the finished content file `content` ready to be written under `key`: checks it,
+    /// then either reads it back when it is small enough for the store's own pages (a short
+    /// body of unknown length; its file is removed), or stamps it (after the version `after`)
+    /// and opens it once for each other replica.
+    pub(super) async fn ready_written(
+        &self,
+        key: &str,
+        content: WrittenContent,
+        after: Option<u64>,
+    ) -> Result<Ready, ObjectServiceError> {
         object::validate_key(key).map_err(ObjectServiceError::InvalidKey)?;
         let max = self.inner.config.max_object_bytes;
         if content.len() > max as u64 {
@@ -179,8 +213,6 @@ impl ObjectService {
             .streamed_min_bytes()
             .is_none_or(|min| content.len() < min as u64)
         {
-            // Content small enough to live in the store's own pages (a short body of unknown
-            // length): read back and written as content in memory is, and its file removed.
             let path = content.path().to_path_buf();
             let read = path.clone();
             let small = blocking(self.inner.inline_store, move || std::fs::read(read))
@@ -188,10 +220,10 @@ impl ObjectService {
                 .ok_or(StoreError::Stopped)?
                 .map_err(|source| StoreError::File { path, source })?;
             drop(content);
-            return self.put_inner(key, Bytes::from(small)).await;
+            return Ok(Ready::Small(Bytes::from(small)));
         }
         let hash = content.hash();
-        let stamp = self.next_stamp_of(key, move || hash, None).await?;
+        let stamp = self.next_stamp_of(key, move || hash, after).await?;
         let me = self.inner.node.peer_id();
         let others: Vec<PeerId> = self
             .replicas(key)
@@ -217,8 +249,7 @@ impl ObjectService {
             content: Mutex::new(Some(content)),
             handles: Mutex::new(handles),
         });
-        self.write_copies(key, stamp, super::write::Copy::Written(outgoing))
-            .await
+        Ok(Ready::Large(stamp, outgoing))
     }
 
     /// Stores the written content of `outgoing` locally, as one replica of `key`.
@@ -228,7 +259,7 @@ impl ObjectService {
         stamp: Stamp,
         outgoing: &Outgoing,
     ) -> Result<Stamp, ReplicaError> {
-        let content = lock(&outgoing.content).take().ok_or(StoreError::Stopped)?;
+        let content = outgoing.take_content()?;
         Ok(self
             .on_store(move |store| store.put_written(&key, stamp, content))
             .await??)
@@ -242,29 +273,85 @@ impl ObjectService {
         header: Bytes,
         outgoing: &Outgoing,
     ) -> Result<Stored, ReplicaError> {
-        let file = lock(&outgoing.handles)
-            .remove(&peer)
-            .ok_or(StoreError::Stopped)?;
+        let reply = self
+            .send_written(peer, super::STORE, header, outgoing)
+            .await?;
+        self.stored_answer(peer, &reply)
+    }
+
+    /// Sends `peer` a request on `protocol` of `header` then the written content of `outgoing`,
+    /// piece by piece from `peer`'s own handle of the file, and sends it again while the replica
+    /// refuses it as busy (see [`Self::retry_busy`]). Sends to one peer follow each other (each
+    /// reads the file from its start through the same handle).
+    pub(super) async fn send_written(
+        &self,
+        peer: PeerId,
+        protocol: meshwire::ProtocolId,
+        header: Bytes,
+        outgoing: &Outgoing,
+    ) -> Result<Bytes, meshwire::RequestError> {
         let inline = self.inner.inline_store;
         let node = self.inner.node.clone();
         let len = outgoing.len;
-        let file = Arc::new(Mutex::new(Some(file)));
-        let reply = self
-            .retry_busy(|left| {
-                let source = FileSource {
-                    file: lock(&file).as_ref().and_then(|file| file.try_clone().ok()),
-                    offset: 0,
-                    left: len,
-                    inline,
-                };
-                let (node, header) = (node.clone(), header.clone());
-                async move {
-                    node.request_streamed(peer, super::STORE, header, (len, source), left)
-                        .await
-                }
-            })
-            .await?;
-        self.stored_answer(peer, &reply)
+        self.retry_busy(|left| {
+            let source = FileSource {
+                file: lock(&outgoing.handles)
+                    .get(&peer)
+                    .and_then(|file| file.try_clone().ok()),
+                offset: 0,
+                left: len,
+                inline,
+            };
+            let (node, header) = (node.clone(), header.clone());
+            async move {
+                node.request_streamed(peer, protocol, header, (len, source), left)
+                    .await
+            }
+        })
+        .await
+    }
+
+    /// The rest of `body` after `head`, read whole into one buffer with `head` in front: a
+    /// request too small for a content file (read within the piece the node reserved for it).
+    pub(super) async fn read_whole(
+        head: &[&[u8]],
+        body: &mut RequestBody,
+    ) -> Result<Bytes, HandlerError> {
+        let len = head.iter().map(|part| part.len()).sum::<usize>()
+            + usize::try_from(body.remaining()).unwrap_or(usize::MAX);
+        let mut whole = BytesMut::with_capacity(len);
+        for part in head {
+            whole.extend_from_slice(part);
+        }
+        while let Some(piece) = body.next_piece().await.map_err(body_failed)? {
+            whole.extend_from_slice(&piece);
+        }
+        Ok(whole.freeze())
+    }
+
+    /// The rest of `body` written to a new content file as it arrives (refused past
+    /// `max_object_bytes`), then checked against `hash`: a mismatch is malformed, counted
+    /// against `peer`, and leaves no file.
+    pub(super) async fn write_body(
+        &self,
+        peer: PeerId,
+        body: &mut RequestBody,
+        hash: ContentHash,
+    ) -> Result<WrittenContent, HandlerError> {
+        let failed = |error: ObjectServiceError| HandlerError::Failed(Box::new(error));
+        let mut writer = self
+            .object_writer()
+            .await
+            .map_err(failed)?
+            .ok_or(HandlerError::Stopped)?;
+        while let Some(piece) = body.next_piece().await.map_err(body_failed)? {
+            writer.write(piece).await.map_err(failed)?;
+        }
+        let written = writer.finish().await.map_err(failed)?;
+        if written.hash() != hash {
+            return Err(self.malformed(peer, object::ObjectError::HashMismatch));
+        }
+        Ok(written)
     }
 
     /// Stores a copy `peer` sends piece by piece, as [`Self::serve_store`] does with one sent
@@ -295,15 +382,8 @@ impl ObjectService {
             }));
         }
         if self.streamed_min_bytes().is_none_or(|min| len < min as u64) {
-            // Too small for a content file: read whole (within the piece the node reserved for
-            // the request) and stored as a copy sent whole is.
-            let mut whole = BytesMut::with_capacity(fixed.len() + key_bytes.len() + len as usize);
-            whole.extend_from_slice(&fixed);
-            whole.extend_from_slice(&key_bytes);
-            while let Some(piece) = body.next_piece().await.map_err(body_failed)? {
-                whole.extend_from_slice(&piece);
-            }
-            let whole = whole.freeze();
+            // Too small for a content file: stored as a copy sent whole is.
+            let whole = Self::read_whole(&[&fixed, &key_bytes], &mut body).await?;
             return self
                 .clone()
                 .serve_blocking(move |service| service.serve_store(peer, whole))
@@ -313,19 +393,7 @@ impl ObjectService {
         if let Err(reason) = self.admit(peer, clock, Some(stamp)) {
             return self.refuse(peer, key, reason);
         }
-        let failed = |error: ObjectServiceError| HandlerError::Failed(Box::new(error));
-        let mut writer = self
-            .object_writer()
-            .await
-            .map_err(failed)?
-            .ok_or(HandlerError::Stopped)?;
-        while let Some(piece) = body.next_piece().await.map_err(body_failed)? {
-            writer.write(piece).await.map_err(failed)?;
-        }
-        let written = writer.finish().await.map_err(failed)?;
-        if written.hash() != stamp.hash {
-            return Err(malformed(object::ObjectError::HashMismatch));
-        }
+        let written = self.write_body(peer, &mut body, stamp.hash).await?;
         let key_owned = key.to_string();
         let held = self
             .on_store(move |store| store.put_written(&key_owned, stamp, written))

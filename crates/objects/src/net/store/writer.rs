@@ -16,6 +16,7 @@ use bytes::Bytes;
 use meshwire_proto::hash::Sha256;
 
 use super::{group, Store, StoreError};
+use crate::proto::cas::Precondition;
 use crate::proto::object::{ContentHash, Stamp};
 
 /// A content file being written; removed when dropped unfinished.
@@ -142,8 +143,33 @@ impl Store {
         &self,
         key: &str,
         stamp: Stamp,
-        mut content: WrittenContent,
+        content: WrittenContent,
     ) -> Result<Stamp, StoreError> {
+        let outcome = self.commit_written(key, stamp, content, None)?;
+        Ok(outcome.unwrap_or_else(|held| held.unwrap_or(stamp)))
+    }
+
+    /// Stores `content` (a finished content file) under `key` with `stamp` only if the stored
+    /// copy satisfies `precondition` and the new copy wins over it, as [`Store::put_if`] does.
+    /// `Err` holds the stored copy's stamp (`None`: absent) when it does not; the file is then
+    /// removed.
+    pub fn put_written_if(
+        &self,
+        key: &str,
+        stamp: Stamp,
+        content: WrittenContent,
+        precondition: Precondition,
+    ) -> Result<Result<Stamp, Option<Stamp>>, StoreError> {
+        self.commit_written(key, stamp, content, Some(precondition))
+    }
+
+    fn commit_written(
+        &self,
+        key: &str,
+        stamp: Stamp,
+        mut content: WrittenContent,
+        precondition: Option<Precondition>,
+    ) -> Result<Result<Stamp, Option<Stamp>>, StoreError> {
         if content.hash != stamp.hash {
             return Err(StoreError::HashMismatch {
                 key: key.to_string(),
@@ -173,17 +199,16 @@ impl Store {
         };
         // From here the commit owns the file: it keeps it, or removes it if the write loses.
         content.path = PathBuf::new();
-        let outcome = self.group.write(
+        self.group.write(
             self,
             group::Write {
                 key: key.to_string(),
                 stamp,
                 content: held,
                 len: content.len,
-                precondition: None,
+                precondition,
                 file: Some(content.id),
             },
-        )?;
-        Ok(outcome.unwrap_or_else(|held| held.unwrap_or(stamp)))
+        )
     }
 }
