@@ -132,9 +132,13 @@
 //!   streamed from one holder's content file ([`meshwire::Node::request_streamed_answer`]) into
 //!   the response and checked against its hash as it arrives (a mismatch or a broken stream cuts
 //!   the response short). A replica answers any full fetch of a content file from the file,
-//!   piece by piece. Still held whole (bounded by `max_object_bytes`, the HTTP body budget and
-//!   the node's request budget): reads through the service API (`ObjectService::get`), read
-//!   repair, and anti-entropy transfers. One memory budget (`store_memory_bytes`,
+//!   piece by piece. Read repair after a read streamed from this node's content file sends the
+//!   stale replicas that file piece by piece, and
+//!   anti-entropy moves copies of 64 KiB or more the same way (a pull writes what arrives to a
+//!   content file and commits it, a push sends from the pusher's file). Still held whole
+//!   (bounded by `max_object_bytes` and the node's request budget): reads through the service
+//!   API's `ObjectService::get`, which returns the content in memory (`get_body` streams it).
+//!   One memory budget (`store_memory_bytes`,
 //!   128 MiB) holds redb's page cache and a cache of hot objects (half each; objects up to a
 //!   quarter of the cache), so many readers of one object share one buffer. Store calls run on
 //!   tokio's blocking pool (or on the calling task with `ServiceOptions::inline_store`, which the

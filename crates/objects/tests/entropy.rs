@@ -298,3 +298,130 @@ async fn malformed_digest_exchanges_are_refused_counted_and_cost_only_their_stre
         .unwrap();
     assert!(object::decode_fetched(FetchMode::Metadata, &reply, 0).is_ok());
 }
+
+fn large(seed: usize, len: usize) -> Bytes {
+    Bytes::from(
+        (0..len)
+            .map(|i| ((i * 7 + seed) % 251) as u8)
+            .collect::<Vec<u8>>(),
+    )
+}
+
+fn content_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir.join("objects.content"))
+        .map(|entries| entries.count())
+        .unwrap_or(0)
+}
+
+/// A daemon whose store is on disk in `dir` with its caches off: every copy of 64 KiB or more is
+/// in a content file and read from it, so its transfers go piece by piece from and to files.
+async fn start_uncached(dir: &Path, objects: ObjectConfig) -> Daemon {
+    Daemon::builder(objects)
+        .data_dir(dir)
+        .store_memory_bytes(0)
+        .bind(loopback(), |_| {})
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn large_copies_missed_by_a_replica_are_pulled_into_content_files() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut daemons = Vec::new();
+    for dir in &dirs {
+        daemons.push(start_uncached(dir.path(), config()).await);
+    }
+    let [a, b, c] = <[Daemon; 3]>::try_from(daemons).ok().unwrap();
+    set_members(&[&a, &b, &c]);
+    mesh(&[&a, &b, &c]).await;
+    a.service().put("old", large(0, 300_000)).await.unwrap();
+    until("C holds the first copy", || {
+        c.service().get_local("old").is_ok()
+    })
+    .await;
+    c.shutdown().await.unwrap();
+    // While C is down: two new large keys and a rewrite of the one C holds.
+    let written = [
+        ("new", 1, 1 << 20),
+        ("bigger", 2, 3 << 20),
+        ("old", 3, 500_000),
+    ];
+    for (key, seed, len) in written {
+        assert_eq!(
+            a.service().put(key, large(seed, len)).await.unwrap().acks,
+            2
+        );
+    }
+    let c = start_uncached(dirs[2].path(), config()).await;
+    set_members(&[&a, &b, &c]);
+    mesh(&[&a, &b, &c]).await;
+    let expected = stamps(&a);
+    until("C converges", || stamps(&c) == expected).await;
+    for (key, seed, len) in written {
+        assert!(
+            c.service().get_local(key).unwrap().content == large(seed, len),
+            "C's copy of {key} differs"
+        );
+    }
+    // One content file per object: the replaced copy's file is removed, and no transfer left
+    // one behind.
+    until("C holds one content file per object", || {
+        content_files(dirs[2].path()) == 3
+    })
+    .await;
+    let repaired: u64 = [&a, &b, &c]
+        .iter()
+        .flat_map(|daemon| {
+            ["pulled", "pushed"].map(|direction| {
+                counted(
+                    daemon,
+                    "meshwire_object_anti_entropy_repaired_keys_total",
+                    &format!("direction=\"{direction}\""),
+                )
+            })
+        })
+        .sum();
+    assert!(repaired >= 3, "{repaired} repairs counted");
+}
+
+#[tokio::test]
+async fn read_repair_sends_a_large_copy_from_its_content_file() {
+    // Anti-entropy off, reads from every replica: a stale replica is repaired by reads alone.
+    let quiet = ObjectConfig {
+        anti_entropy_interval: Duration::ZERO,
+        read_quorum: 3,
+        ..ObjectConfig::default()
+    };
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut daemons = Vec::new();
+    for dir in &dirs {
+        daemons.push(start_uncached(dir.path(), quiet).await);
+    }
+    let [a, b, c] = <[Daemon; 3]>::try_from(daemons).ok().unwrap();
+    set_members(&[&a, &b, &c]);
+    mesh(&[&a, &b, &c]).await;
+    a.service().put("deed", large(0, 300_000)).await.unwrap();
+    until("C holds the first copy", || {
+        c.service().get_local("deed").is_ok()
+    })
+    .await;
+    c.shutdown().await.unwrap();
+    a.service().put("deed", large(1, 700_000)).await.unwrap();
+    let c = start_uncached(dirs[2].path(), quiet).await;
+    set_members(&[&a, &b, &c]);
+    mesh(&[&a, &b, &c]).await;
+    let winner = stamps(&a)["deed"];
+    assert_ne!(stamps(&c)["deed"], winner, "C missed the rewrite");
+    // A streamed read through A, which holds the winner in its content file.
+    let read = a.service().get_body("deed", true).await.unwrap();
+    assert_eq!(read.stamp, winner);
+    assert_eq!(read.repairs, 1, "the read found C stale");
+    until("C is repaired", || stamps(&c)["deed"] == winner).await;
+    assert!(c.service().get_local("deed").unwrap().content == large(1, 700_000));
+    assert_eq!(counted(&a, "meshwire_object_read_repairs_total", ""), 1);
+    until("C's replaced file is removed", || {
+        content_files(dirs[2].path()) == 1
+    })
+    .await;
+    drop(b);
+}

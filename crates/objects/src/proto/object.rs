@@ -240,9 +240,14 @@ pub struct FetchRequest<'a> {
     pub key: &'a str,
 }
 
+/// The length of a fetch request for `key`.
+pub fn fetch_len(key: &str) -> usize {
+    CLOCK_LEN + 1 + key.len()
+}
+
 /// Encodes a fetch request for `key`, sent at hybrid time `clock`.
 pub fn encode_fetch(clock: u64, mode: FetchMode, key: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(CLOCK_LEN + 1 + key.len());
+    let mut out = Vec::with_capacity(fetch_len(key));
     out.extend_from_slice(&clock.to_le_bytes());
     out.push(match mode {
         FetchMode::Metadata => 0,

@@ -36,6 +36,9 @@
 //! Pulls are ordinary `FETCH` requests (the answer's clock and version pass the same checks as a
 //! read's, and the content its hash check) and pushes ordinary `STORE` requests (the peer admits
 //! them as any write), so the store's rule decides: a copy replaces another only if it wins.
+//! A copy large enough for a content file (64 KiB) moves piece by piece and is never held
+//! whole: a pull writes it to a content file as it arrives (hashed on the way) and commits that
+//! file on its own, and a push sends it from the pusher's content file.
 //!
 //! Metrics: `meshwire_object_anti_entropy_rounds_total`,
 //! `meshwire_object_anti_entropy_exchanges_total{outcome}` (`in_sync`, `repaired`, `unrepaired`,
@@ -54,7 +57,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::stream::{self, StreamExt};
-use meshwire::protocols::{OBJECT_FETCH as FETCH, OBJECT_STORE as STORE, OBJECT_SYNC as SYNC};
+use meshwire::protocols::{OBJECT_FETCH as FETCH, OBJECT_SYNC as SYNC};
 use meshwire::{HandlerError, PeerChange, PeerId};
 use rand::Rng;
 
@@ -63,9 +66,7 @@ use crate::proto::entropy::{
     self, bucket_of, buckets_for, in_window, reconcile, select_buckets, BucketEntries,
     EntropyError, Entry, ExchangeLimits, Summary, MAX_BUCKETS,
 };
-use crate::proto::object::{
-    self, decode_fetched, decode_stored, FetchMode, Fetched, Stamp, Stored,
-};
+use crate::proto::object::{self, decode_fetched, FetchMode, Fetched, Stamp, Stored};
 
 use super::store_calls::offload;
 use super::{lock, DirectionLabel, Inner, ObjectService, OutcomeLabel, ReasonLabel, ReplicaError};
@@ -430,9 +431,20 @@ impl ObjectService {
                 fits
             })
             .collect();
+        // Copies large enough for a content file are written to one as they arrive and stored
+        // one by one; smaller ones are stored in batches.
+        let min_file = self.streamed_min_bytes().map_or(u64::MAX, |min| min as u64);
         let mut fetched = stream::iter(chosen)
             .map(|entry| async move {
-                let result = self.fetch_copy(peer, &entry.key).await;
+                let result = if u64::from(entry.len) >= min_file {
+                    self.pull_large(peer, &entry.key).await
+                } else {
+                    self.fetch_copy(peer, &entry.key).await.map(|copy| {
+                        copy.map_or(Pulled::Nothing, |(stamp, content)| {
+                            Pulled::Held(stamp, content)
+                        })
+                    })
+                };
                 (entry.key, result)
             })
             .buffer_unordered(IN_FLIGHT);
@@ -440,8 +452,9 @@ impl ObjectService {
         let mut pulled = 0;
         while let Some((key, result)) = fetched.next().await {
             match result {
-                Ok(Some((stamp, content))) => batch.push((key, stamp, content)),
-                Ok(None) => {}
+                Ok(Pulled::Held(stamp, content)) => batch.push((key, stamp, content)),
+                Ok(Pulled::Stored) => pulled += 1,
+                Ok(Pulled::Nothing) => {}
                 Err(error) => {
                     tracing::debug!(peer = %peer.short(), %key, %error, "anti-entropy pull failed");
                 }
@@ -484,6 +497,21 @@ impl ObjectService {
                 0
             }
         }
+    }
+
+    /// Pulls `key`'s copy from `peer` into a content file (see [`Self::pull_written`]).
+    async fn pull_large(&self, peer: PeerId, key: &str) -> Result<Pulled, ReplicaError> {
+        let Some(pulled) = self.pull_written(peer, key).await? else {
+            return Ok(Pulled::Nothing);
+        };
+        self.count_sent(saturating(pulled.sent));
+        self.count_received(saturating(pulled.received));
+        Ok(if pulled.holds {
+            self.count_repaired("pulled");
+            Pulled::Stored
+        } else {
+            Pulled::Nothing
+        })
     }
 
     /// Fetches `key`'s copy from `peer`, its clock, version and hash checked (`None`: the peer
@@ -558,25 +586,14 @@ impl ObjectService {
 
     /// Sends `peer` this node's current copy of `key`; `Ok(true)` when it acknowledged holding it.
     async fn push_one(&self, peer: PeerId, key: &str) -> Result<bool, ReplicaError> {
-        let Some(object) = self.local_copy(key).await? else {
+        let Some(copy) = self.send_local_copy(peer, key, None).await? else {
             return Ok(false);
         };
-        let clock = self.tick()?;
-        let header = Bytes::from(object::encode_store_header(clock, key, &object.stamp));
-        self.count_sent(header.len() + object.content.len());
-        let reply = self
-            .request_replica(peer, STORE, header, object.content)
-            .await?;
-        self.count_received(reply.len());
-        let answer = decode_stored(&reply)?;
-        self.accept_answer(peer, answer.clock, None)?;
-        match answer.answer {
-            Ok(Stored::Holds) => Ok(true),
-            Ok(Stored::Superseded(held)) => Err(ReplicaError::Superseded { held }),
-            Err(reason) => {
-                self.count_refused_answer(reason);
-                Err(ReplicaError::Refused(reason))
-            }
+        self.count_sent(saturating(copy.sent));
+        self.count_received(saturating(copy.received));
+        match copy.stored {
+            Stored::Holds => Ok(true),
+            Stored::Superseded(held) => Err(ReplicaError::Superseded { held }),
         }
     }
 
@@ -654,6 +671,18 @@ impl ObjectService {
 }
 
 /// The anti-entropy loop of the service behind `weak` (see the module docs).
+/// A pulled copy: held, to be stored with others in one batch; stored already (from a content
+/// file it was written to as it arrived); or none.
+enum Pulled {
+    Held(Stamp, Bytes),
+    Stored,
+    Nothing,
+}
+
+fn saturating(bytes: u64) -> usize {
+    usize::try_from(bytes).unwrap_or(usize::MAX)
+}
+
 async fn anti_entropy_loop(
     weak: Weak<Inner>,
     mut events: meshwire::PeerEvents,

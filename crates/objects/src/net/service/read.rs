@@ -268,7 +268,7 @@ impl ObjectService {
             if stream {
                 // Streamed from the holder's content file into the reader's response: neither
                 // node holds a large copy whole.
-                match self.remote_content(*peer, key, current).await {
+                match self.remote_content(*peer, key, current, false).await {
                     Some(content) => return Ok(content),
                     None => continue,
                 }
@@ -300,8 +300,9 @@ impl ObjectService {
     }
 
     /// Sends the `stale` replicas of `key` the copy stamped `stamp`: `held`, or (when the read
-    /// streamed it from a content file) this node's copy, read again here if it still has that
-    /// stamp.
+    /// streamed it) this node's own copy if it still has that stamp, sent from its content file
+    /// piece by piece. A stale copy on this node whose winner the read streamed from another
+    /// replica is left to anti-entropy (the content passed through to the reader, not kept).
     async fn repair(
         self,
         key: String,
@@ -309,29 +310,35 @@ impl ObjectService {
         held: Option<StoredObject>,
         stale: Vec<PeerId>,
     ) {
-        let object = match held {
-            Some(object) => object,
-            None => match self.local_copy(&key).await {
-                Ok(Some(object)) if object.stamp == stamp => object,
-                _ => return,
-            },
-        };
         let me = self.inner.node.peer_id();
         let Ok(clock) = self.tick() else {
             return;
         };
-        let header = Bytes::from(object::encode_store_header(clock, &key, &object.stamp));
+        let header = Bytes::from(object::encode_store_header(clock, &key, &stamp));
         for peer in stale {
-            let result: Result<(), ReplicaError> = if peer == me {
-                let (key, object) = (key.clone(), object.clone());
-                self.on_store(move |store| store.put(&key, object.stamp, object.content))
-                    .await
-                    .and_then(|held| held)
-                    .map(|_| ())
-                    .map_err(ReplicaError::from)
-            } else {
-                self.repair_one(peer, header.clone(), object.content.clone())
-                    .await
+            let result: Result<(), ReplicaError> = match &held {
+                Some(object) if peer == me => {
+                    let (key, object) = (key.clone(), object.clone());
+                    self.on_store(move |store| store.put(&key, object.stamp, object.content))
+                        .await
+                        .and_then(|held| held)
+                        .map(|_| ())
+                        .map_err(ReplicaError::from)
+                }
+                Some(object) => {
+                    self.repair_one(peer, header.clone(), object.content.clone())
+                        .await
+                }
+                None if peer == me => Ok(()),
+                None => match self.send_local_copy(peer, &key, Some(stamp)).await {
+                    Ok(Some(copy)) => match copy.stored {
+                        Stored::Holds => Ok(()),
+                        Stored::Superseded(held) => Err(ReplicaError::Superseded { held }),
+                    },
+                    // This node no longer holds that copy: a newer write replaced it.
+                    Ok(None) => Ok(()),
+                    Err(error) => Err(error),
+                },
             };
             if let Err(error) = result {
                 tracing::debug!(peer = %peer.short(), %key, %error, "read repair failed");

@@ -536,11 +536,14 @@ impl ObjectService {
     /// The content of `key` stamped `winner` (or a newer one, as `current` says) from `peer`,
     /// streamed: `None` if the peer does not answer with such a copy in time. Its clock passes
     /// the same checks as any answer's.
+    /// With `observe_version`, the copy's version passes the clock's checks too (a copy this node
+    /// will store, as anti-entropy's pulls do).
     pub(super) async fn remote_content(
         &self,
         peer: PeerId,
         key: &str,
         current: impl Fn(Stamp) -> bool,
+        observe_version: bool,
     ) -> Option<(Stamp, ReadBody)> {
         let clock = self.tick().ok()?;
         let request = Bytes::from(object::encode_fetch(clock, object::FetchMode::Full, key));
@@ -555,7 +558,9 @@ impl ObjectService {
         let len = body.remaining();
         if !current(stamp)
             || len > self.inner.config.max_object_bytes as u64
-            || self.accept_answer(peer, clock, None).is_err()
+            || self
+                .accept_answer(peer, clock, observe_version.then_some(stamp.version))
+                .is_err()
         {
             return None;
         }
@@ -600,5 +605,150 @@ impl ObjectService {
             }
         };
         Ok(Some((stamp, body)))
+    }
+}
+
+impl ObjectService {
+    /// Sends `peer` this node's copy of `key` in a store request, if it holds one (given `only`,
+    /// only the copy stamped so): content held from its buffer, a content file's content piece by
+    /// piece from the file, checked as it is read, never held whole. Asks again while the replica
+    /// is busy (the file read again from its start). `None`: no such copy here. Read repair and
+    /// anti-entropy's pushes send copies so.
+    pub(super) async fn send_local_copy(
+        &self,
+        peer: PeerId,
+        key: &str,
+        only: Option<Stamp>,
+    ) -> Result<Option<SentCopy>, ReplicaError> {
+        let Some((stamp, body)) = self.local_body(key).await? else {
+            return Ok(None);
+        };
+        if only.is_some_and(|only| only != stamp) {
+            return Ok(None);
+        }
+        let clock = self.tick()?;
+        let header = Bytes::from(object::encode_store_header(clock, key, &stamp));
+        let sent = header.len() as u64 + body.len();
+        let reply = match body {
+            Body::Held(content) => {
+                self.request_replica(peer, super::STORE, header, content)
+                    .await?
+            }
+            Body::File(reader) => {
+                let len = reader.len();
+                let first = Mutex::new(Some(reader));
+                self.retry_busy(|left| {
+                    let reader = lock(&first).take();
+                    let (service, header) = (self.clone(), header.clone());
+                    async move {
+                        let reader = match reader {
+                            Some(reader) => reader,
+                            None => service.file_of(key, stamp).await.ok_or_else(|| {
+                                meshwire::RequestError::Source(format!(
+                                    "this node's copy of {key:?} changed while it was sent"
+                                ))
+                            })?,
+                        };
+                        let source = ReaderSource {
+                            reader: Some(reader),
+                            inline: service.inner.inline_store,
+                        };
+                        let node = &service.inner.node;
+                        node.request_streamed(peer, super::STORE, header, (len, source), left)
+                            .await
+                    }
+                })
+                .await?
+            }
+        };
+        Ok(Some(SentCopy {
+            sent,
+            received: reply.len() as u64,
+            stored: self.stored_answer(peer, &reply)?,
+        }))
+    }
+
+    /// This node's content file of `key`, open for reading, if it still holds the copy stamped
+    /// `stamp` in one.
+    async fn file_of(&self, key: &str, stamp: Stamp) -> Option<Box<ContentReader>> {
+        match self.local_body(key).await {
+            Ok(Some((held, Body::File(reader)))) if held == stamp => Some(reader),
+            _ => None,
+        }
+    }
+
+    /// Fetches `peer`'s copy of `key` as it arrives into a content file of this node (checked
+    /// against its hash as it arrives, its clock and version checked as any answer's) and
+    /// stores it; never holds it whole. `None`: the peer did not send a copy (it no longer
+    /// holds one, refused, or failed). Anti-entropy pulls copies large enough for a content file
+    /// so.
+    pub(super) async fn pull_written(
+        &self,
+        peer: PeerId,
+        key: &str,
+    ) -> Result<Option<PulledCopy>, ReplicaError> {
+        let Some((stamp, ReadBody::Remote(mut content))) =
+            self.remote_content(peer, key, |_| true, true).await
+        else {
+            return Ok(None);
+        };
+        let received = content.len + object::FETCHED_HEAD_LEN as u64;
+        let mut writer = self
+            .object_writer()
+            .await
+            .map_err(replica_error)?
+            .ok_or(StoreError::Stopped)?;
+        loop {
+            match content.next_piece().await {
+                Ok(Some(piece)) => writer.write(piece).await.map_err(replica_error)?,
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::debug!(peer = %peer.short(), %key, %error, "a streamed pull failed");
+                    return Ok(None);
+                }
+            }
+        }
+        let written = writer.finish().await.map_err(replica_error)?;
+        let key_owned = key.to_string();
+        let held = self
+            .on_store(move |store| store.put_written(&key_owned, stamp, written))
+            .await??;
+        Ok(Some(PulledCopy {
+            sent: object::fetch_len(key) as u64,
+            received,
+            holds: held == stamp,
+        }))
+    }
+}
+
+/// A copy this node sent a replica ([`ObjectService::send_local_copy`]).
+pub(super) struct SentCopy {
+    /// Bytes sent: the request's header and the content.
+    pub sent: u64,
+    /// Bytes of the replica's answer.
+    pub received: u64,
+    /// The replica's answer.
+    pub stored: Stored,
+}
+
+/// A copy this node fetched and stored ([`ObjectService::pull_written`]).
+pub(super) struct PulledCopy {
+    /// Bytes of the fetch request.
+    pub sent: u64,
+    /// Bytes of the answer: its head and the content.
+    pub received: u64,
+    /// Whether this node now holds the fetched copy (not a newer one it held already).
+    pub holds: bool,
+}
+
+/// An [`ObjectWriter`]'s error as a failure of the copy it was writing: the copy was larger
+/// than allowed, or this node's store failed (a writer fails in no other way).
+fn replica_error(error: ObjectServiceError) -> ReplicaError {
+    match error {
+        ObjectServiceError::TooLarge { len, max } => {
+            object::ObjectError::TooLarge { len, max }.into()
+        }
+        ObjectServiceError::Store(error) => error.into(),
+        _ => StoreError::Stopped.into(),
     }
 }
