@@ -13,8 +13,9 @@
 #      script). Targets (issue 18): GET >= 20,000 requests/s and p99 <= 2 ms; PUT reported.
 #   4. On the same cluster: 64 PUTs of distinct 8 MiB objects through one node, 8 at a time (what
 #      the default 64 MiB body budget admits), each acknowledged by two replicas; the time, and
-#      the front node's peak RSS (VmHWM) over its RSS before.
-# Usage: bench/http.sh [duration_s]
+#      the front node's peak RSS (VmHWM) over its RSS before. Then the same as conditional writes
+#      (If-None-Match: * on new keys), prepared and committed on two replicas each.
+# Usage: bench/http.sh [duration_s]   (MESHWIRE_BIN=path: run that meshwire binary instead)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${1:-10}
@@ -28,8 +29,13 @@ if ! command -v wrk >/dev/null 2>&1; then
   fi
 fi
 
-cargo build --release --locked --quiet --bin meshwire
-bin=target/release/meshwire
+# MESHWIRE_BIN runs another build of meshwire (an A/B comparison) instead of this tree's.
+if [ -n "${MESHWIRE_BIN:-}" ]; then
+  bin=$MESHWIRE_BIN
+else
+  cargo build --release --locked --quiet --bin meshwire
+  bin=target/release/meshwire
+fi
 work=$(mktemp -d)
 cleanup() { [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
@@ -137,24 +143,38 @@ LUA
 echo "== 3 nodes (R=3, W=2), PUT 4 KiB through one node: wrk -t2 -c10 -d${duration}s --latency"
 WALLET="$work/wallet" wrk -t2 -c10 -d"${duration}s" --latency -s "$work/put.lua" "$front"
 
-echo "== 3 nodes (R=3, W=2), 64 PUTs of 8 MiB through one node, 8 at a time"
-rss_before=$(awk '$1 == "VmRSS:" { printf "%.0f", $2 / 1024 }' "/proc/${cluster_pids[0]}/status")
-python3 - "$((port_http + 20))" <<'PY'
+# 64 PUTs of distinct 8 MiB objects through the front node, 8 at a time; $1 names the run and
+# the keys, $2 is an extra request header ("" for none). The front node's peak RSS is reset
+# first (clear_refs 5, Linux >= 4.0), so each run reports its own peak.
+large_puts() {
+  echo "== 3 nodes (R=3, W=2), 64 $1 PUTs of 8 MiB through one node, 8 at a time"
+  local pid=${cluster_pids[0]}
+  local rss_before
+  rss_before=$(awk '$1 == "VmRSS:" { printf "%.0f", $2 / 1024 }' "/proc/$pid/status")
+  echo 5 > "/proc/$pid/clear_refs" 2>/dev/null || echo "(peak RSS not reset: /proc/$pid/clear_refs not writable)"
+  python3 - "$((port_http + 20))" "$1" "$2" <<'PY'
 import concurrent.futures, http.client, random, sys, time
-port = int(sys.argv[1])
+port, label, extra = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+headers = dict([extra.split(": ", 1)]) if extra else {}
 def put(i):
     body = random.Random(i).randbytes(8 << 20)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    conn.request("PUT", f"/objects/large-{i}", body=body)
+    conn.request("PUT", f"/objects/{label}-{i}", body=body, headers=headers)
     response = conn.getresponse(); answer = response.read()
     if response.status != 201:
-        print(f"PUT large-{i}: {response.status} {answer[:200].decode(errors='replace')}")
+        print(f"PUT {label}-{i}: {response.status} {answer[:200].decode(errors='replace')}")
     return response.status
 start = time.monotonic()
 with concurrent.futures.ThreadPoolExecutor(8) as pool:
     statuses = list(pool.map(put, range(64)))
 elapsed = time.monotonic() - start
-print(f"large_puts 64  created {statuses.count(201)}  seconds {elapsed:.1f}  ({64 * 8 / elapsed:.0f} MiB/s)")
+print(f"{label}_puts 64  created {statuses.count(201)}  seconds {elapsed:.1f}  ({64 * 8 / elapsed:.0f} MiB/s)")
 PY
-hwm=$(awk '$1 == "VmHWM:" { printf "%.0f", $2 / 1024 }' "/proc/${cluster_pids[0]}/status")
-echo "front node RSS before the large PUTs ${rss_before} MB, peak (VmHWM) ${hwm} MB"
+  local hwm
+  hwm=$(awk '$1 == "VmHWM:" { printf "%.0f", $2 / 1024 }' "/proc/$pid/status")
+  echo "front node RSS before the $1 PUTs ${rss_before} MB, peak (VmHWM) ${hwm} MB"
+}
+large_puts large ""
+# The same with a precondition (If-None-Match: * on new keys): a conditional write's two phases,
+# its prepare carrying the content to every replica.
+large_puts conditional "If-None-Match: *"

@@ -104,12 +104,15 @@ print("object: node peak RSS <= 150 MB. Seed (docs/lessons.md, Zold, ApacheBench
 print("not loopback): 52 requests/s, p50 176 ms, p99 361 ms.")
 large = [run for run in runs if "PUTs of 8 MiB" in run.splitlines()[0]]
 if large:
-    print("\nLarge writes on the 3-node cluster: " + large[0].splitlines()[0] + " (each acknowledged by")
-    print("two replicas; the front node's RSS before them and its peak):\n")
+    print("\nLarge writes on the 3-node cluster, 64 PUTs of 8 MiB through one node, 8 at a time, each")
+    print("acknowledged by two replicas: unconditional, then conditional (`If-None-Match: *` on new")
+    print("keys, prepared and committed on two replicas each). The front node's RSS before each run and")
+    print("its peak during it (reset before each run):\n")
     print("```")
-    for line in large[0].splitlines()[1:]:
-        if line.startswith(("large_puts", "front node", "PUT ")):
-            print(line)
+    for run in large:
+        for line in run.splitlines()[1:]:
+            if line.startswith(("large_puts", "conditional_puts", "front node", "PUT ", "(peak")):
+                print(line)
     print("```")
     print("\nBefore commit b18e518 (content copied into each replica's message, busy replicas counted as")
     print("failed), the same step on this machine: peak 280 MB over 33 MB, 63 of 64 created.")
