@@ -324,22 +324,33 @@ async fn start_uncached(dir: &Path, objects: ObjectConfig) -> Daemon {
         .unwrap()
 }
 
-#[tokio::test]
-async fn large_copies_missed_by_a_replica_are_pulled_into_content_files() {
+/// Three members with uncached stores on disk ([`start_uncached`]); `key` is written with a
+/// large copy that all three hold, then the third is shut down (its store stays in its
+/// directory, the last of `dirs`); returns the directories and the first two.
+async fn trio_whose_third_holds(
+    key: &str,
+    objects: ObjectConfig,
+) -> (Vec<tempfile::TempDir>, Daemon, Daemon) {
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let mut daemons = Vec::new();
     for dir in &dirs {
-        daemons.push(start_uncached(dir.path(), config()).await);
+        daemons.push(start_uncached(dir.path(), objects).await);
     }
     let [a, b, c] = <[Daemon; 3]>::try_from(daemons).ok().unwrap();
     set_members(&[&a, &b, &c]);
     mesh(&[&a, &b, &c]).await;
-    a.service().put("old", large(0, 300_000)).await.unwrap();
+    a.service().put(key, large(0, 300_000)).await.unwrap();
     until("C holds the first copy", || {
-        c.service().get_local("old").is_ok()
+        c.service().get_local(key).is_ok()
     })
     .await;
     c.shutdown().await.unwrap();
+    (dirs, a, b)
+}
+
+#[tokio::test]
+async fn large_copies_missed_by_a_replica_are_pulled_into_content_files() {
+    let (dirs, a, b) = trio_whose_third_holds("old", config()).await;
     // While C is down: two new large keys and a rewrite of the one C holds.
     let written = [
         ("new", 1, 1 << 20),
@@ -392,20 +403,7 @@ async fn read_repair_sends_a_large_copy_from_its_content_file() {
         read_quorum: 3,
         ..ObjectConfig::default()
     };
-    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut daemons = Vec::new();
-    for dir in &dirs {
-        daemons.push(start_uncached(dir.path(), quiet).await);
-    }
-    let [a, b, c] = <[Daemon; 3]>::try_from(daemons).ok().unwrap();
-    set_members(&[&a, &b, &c]);
-    mesh(&[&a, &b, &c]).await;
-    a.service().put("deed", large(0, 300_000)).await.unwrap();
-    until("C holds the first copy", || {
-        c.service().get_local("deed").is_ok()
-    })
-    .await;
-    c.shutdown().await.unwrap();
+    let (dirs, a, b) = trio_whose_third_holds("deed", quiet).await;
     a.service().put("deed", large(1, 700_000)).await.unwrap();
     let c = start_uncached(dirs[2].path(), quiet).await;
     set_members(&[&a, &b, &c]);
