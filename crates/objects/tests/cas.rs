@@ -439,6 +439,20 @@ async fn large_conditional_writes_are_prepared_in_content_files() {
         "{refused:?}"
     );
     assert_eq!(content_files(dirs[1].path()), 1);
+    // A commit carries no content: one with a body is refused as malformed, its body unread.
+    let refused = asker
+        .request_parts(
+            target,
+            meshwire::protocols::OBJECT_CAS,
+            Bytes::from(encode_cas_header(1, Phase::Commit, "forged", &forged)),
+            Bytes::from(body(6, 1 << 20)),
+            std::time::Duration::from_secs(5),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(meshwire::RequestError::Remote(reason)) if reason.contains("trailing")),
+        "{refused:?}"
+    );
     // A large prepare is held in a file of its own; another coordinator's prepare on the key is
     // answered busy and leaves no file; the abort removes the held one.
     let held = body(4, 200_000);

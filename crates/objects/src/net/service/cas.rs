@@ -103,6 +103,23 @@ const MAX_DECIDED: usize = 4096;
 pub(super) struct PendingWrites {
     held: HashMap<String, Pending>,
     decided: HashMap<String, Decided>,
+    /// Content bytes of large prepares still arriving into their content files (see
+    /// [`Arriving`]).
+    arriving_file_bytes: u64,
+}
+
+/// A large prepare's content arriving into its content file, reserved among the node's
+/// [`MAX_PENDING_FILE_BYTES`] until it is held (or refused) and this drops.
+pub(super) struct Arriving {
+    service: ObjectService,
+    len: u64,
+}
+
+impl Drop for Arriving {
+    fn drop(&mut self) {
+        let mut state = lock(&self.service.inner.pending);
+        state.arriving_file_bytes = state.arriving_file_bytes.saturating_sub(self.len);
+    }
 }
 
 /// How the replicas answered one phase: mismatches (with the newest current copy seen) and busy.
@@ -171,7 +188,14 @@ impl ObjectService {
             _ => Bytes::new(),
         };
         let len = body.remaining();
-        if !prepare || self.streamed_min_bytes().is_none_or(|min| len < min as u64) {
+        if !prepare && len > 0 {
+            // A commit or an abort carries no content; its body is not read (the request holds
+            // one piece of the node's budget, not its length).
+            return Err(malformed(ObjectError::Trailing(
+                usize::try_from(len).unwrap_or(usize::MAX),
+            )));
+        }
+        if self.streamed_min_bytes().is_none_or(|min| len < min as u64) {
             let whole = Self::read_whole(&[&fixed, &key_and_tag, &precondition], &mut body).await?;
             return self
                 .clone()
@@ -198,15 +222,16 @@ impl ObjectService {
         let early = {
             let key = key.clone();
             blocking(self.inner.inline_store, move || {
-                service.cas_precheck(peer, &key, stamp, precondition)
+                service.cas_precheck(peer, &key, stamp, precondition, len)
             })
             .await
             .ok_or(HandlerError::Stopped)?
             .map_err(failed)?
         };
-        if let Some(answer) = early {
-            return self.cas_reply(Ok(answer));
-        }
+        let _reserved = match early {
+            Ok(reserved) => reserved,
+            Err(answer) => return self.cas_reply(Ok(answer)),
+        };
         let written = self.write_body(peer, &mut body, stamp.hash).await?;
         let service = self.clone();
         let answer = blocking(self.inner.inline_store, move || {
@@ -219,30 +244,48 @@ impl ObjectService {
         self.cas_reply(Ok(answer))
     }
 
-    /// The answer a prepare of `stamp` by `owner` gets before its content arrives, if that is
-    /// known already: busy while another conditional write is pending on the key, a mismatch
-    /// when the stored copy's header fails the precondition. `None`: the content is to be read
-    /// (and the prepare checks both again with it). Blocks (a store read).
+    /// The answer a prepare of `stamp` by `owner` with `len` bytes of content gets before its
+    /// content arrives, if that is known already: busy while another conditional write is
+    /// pending on the key or the content files of prepared and arriving writes would pass
+    /// [`MAX_PENDING_FILE_BYTES`], a mismatch when the stored copy's header fails the
+    /// precondition. Else the content is to be read (and the prepare checks again with it),
+    /// and its length stays reserved among the arriving bytes until the returned guard drops.
+    /// Blocks (a store read).
     fn cas_precheck(
         &self,
         owner: PeerId,
         key: &str,
         stamp: Stamp,
         precondition: Precondition,
-    ) -> Result<Option<CasAnswer>, StoreError> {
-        {
-            let state = lock(&self.inner.pending);
-            let at = Instant::now();
-            if let Some(held) = state.held.get(key).filter(|held| held.expires > at) {
-                return Ok(Some(if held.owner == owner && held.stamp == stamp {
-                    CasAnswer::Done
-                } else {
-                    CasAnswer::Busy
-                }));
-            }
-        }
+        len: u64,
+    ) -> Result<Result<Arriving, CasAnswer>, StoreError> {
         let current = self.inner.store.header(key)?.map(|(stamp, _)| stamp);
-        Ok((!precondition.holds(current.as_ref())).then_some(CasAnswer::Mismatch(current)))
+        if !precondition.holds(current.as_ref()) {
+            return Ok(Err(CasAnswer::Mismatch(current)));
+        }
+        let mut state = lock(&self.inner.pending);
+        let at = Instant::now();
+        if let Some(held) = state.held.get(key).filter(|held| held.expires > at) {
+            return Ok(Err(if held.owner == owner && held.stamp == stamp {
+                CasAnswer::Done
+            } else {
+                CasAnswer::Busy
+            }));
+        }
+        let files: u64 = state
+            .held
+            .values()
+            .filter(|held| held.expires > at)
+            .map(|held| held.content.file_bytes())
+            .sum();
+        if files + state.arriving_file_bytes + len > MAX_PENDING_FILE_BYTES {
+            return Ok(Err(CasAnswer::Busy));
+        }
+        state.arriving_file_bytes += len;
+        Ok(Ok(Arriving {
+            service: self.clone(),
+            len,
+        }))
     }
 
     /// Runs one phase of a conditional write on this node's store. Blocks (store reads and a
