@@ -228,7 +228,7 @@ impl ObjectService {
             .ok_or(HandlerError::Stopped)?
             .map_err(failed)?
         };
-        let _reserved = match early {
+        let reserved = match early {
             Ok(reserved) => reserved,
             Err(answer) => return self.cas_reply(Ok(answer)),
         };
@@ -236,7 +236,11 @@ impl ObjectService {
         let service = self.clone();
         let answer = blocking(self.inner.inline_store, move || {
             let content = Prepared::Written(written);
-            service.cas_local(peer, Phase::Prepare(precondition), &key, stamp, content)
+            let answer =
+                service.cas_local(peer, Phase::Prepare(precondition), &key, stamp, content);
+            // Held now (or refused): no longer arriving.
+            drop(reserved);
+            answer
         })
         .await
         .ok_or(HandlerError::Stopped)?
@@ -259,23 +263,35 @@ impl ObjectService {
         precondition: Precondition,
         len: u64,
     ) -> Result<Result<Arriving, CasAnswer>, StoreError> {
-        let current = self.inner.store.header(key)?.map(|(stamp, _)| stamp);
-        if !precondition.holds(current.as_ref()) {
-            return Ok(Err(CasAnswer::Mismatch(current)));
-        }
+        // The checks of `cas_local`'s prepare, in its order, from the stored copy's header.
         let mut state = lock(&self.inner.pending);
         let at = Instant::now();
-        if let Some(held) = state.held.get(key).filter(|held| held.expires > at) {
+        state.retain_unexpired(at);
+        if let Some(held) = state.held.get(key) {
             return Ok(Err(if held.owner == owner && held.stamp == stamp {
                 CasAnswer::Done
             } else {
                 CasAnswer::Busy
             }));
         }
+        if state
+            .decided
+            .get(key)
+            .is_some_and(|decided| decided.owner == owner && decided.stamp == stamp)
+        {
+            // Committed or aborted before it arrived: `cas_local` decides with the content.
+            return Ok(Ok(Arriving {
+                service: self.clone(),
+                len: 0,
+            }));
+        }
+        let current = self.inner.store.header(key)?.map(|(stamp, _)| stamp);
+        if !precondition.holds(current.as_ref()) {
+            return Ok(Err(CasAnswer::Mismatch(current)));
+        }
         let files: u64 = state
             .held
             .values()
-            .filter(|held| held.expires > at)
             .map(|held| held.content.file_bytes())
             .sum();
         if files + state.arriving_file_bytes + len > MAX_PENDING_FILE_BYTES {
@@ -301,12 +317,15 @@ impl ObjectService {
         phase: Phase,
         key: &str,
         stamp: Stamp,
-        content: Prepared,
+        mut content: Prepared,
     ) -> Result<CasAnswer, StoreError> {
+        if let (Phase::Prepare(_), Prepared::Written(written)) = (&phase, &mut content) {
+            // Flushed and closed before it is held: a held prepare keeps no file open.
+            written.sync()?;
+        }
         let mut state = lock(&self.inner.pending);
         let at = Instant::now();
-        state.held.retain(|_, held| held.expires > at);
-        state.decided.retain(|_, decided| decided.expires > at);
+        state.retain_unexpired(at);
         let expires = at + 2 * self.inner.config.deadline;
         let store = &self.inner.store;
         match phase {
@@ -508,10 +527,13 @@ impl ObjectService {
                 if contended {
                     0
                 } else {
+                    // The first replica is asked again only if it is another node that did not
+                    // answer in time; this node's own prepare failed, and its copy may be a file
+                    // that prepare took.
                     let rest: Vec<PeerId> = replicas
                         .iter()
                         .copied()
-                        .filter(|peer| locked == 0 || *peer != first)
+                        .filter(|peer| *peer != first || (locked == 0 && first != me))
                         .collect();
                     let needed = quorum - locked;
                     locked
@@ -687,6 +709,13 @@ fn committed_or_mismatch(stamp: Stamp, current: Option<Stamp>) -> CasAnswer {
 }
 
 impl PendingWrites {
+    /// Drops the prepared writes and remembered decisions that expired by `at` (a prepared
+    /// write's content file is removed with it).
+    fn retain_unexpired(&mut self, at: Instant) {
+        self.held.retain(|_, held| held.expires > at);
+        self.decided.retain(|_, decided| decided.expires > at);
+    }
+
     /// Remembers a commit or abort that found nothing prepared, unless [`MAX_DECIDED`] are.
     fn remember(&mut self, key: &str, owner: PeerId, stamp: Stamp, commit: bool, expires: Instant) {
         if self.decided.len() < MAX_DECIDED || self.decided.contains_key(key) {

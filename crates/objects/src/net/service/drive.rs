@@ -50,6 +50,9 @@ pub enum ReplicaError {
     /// limit, or this node's own clock is exhausted.
     #[error(transparent)]
     Clock(#[from] ClockError),
+    /// The replica's answer stopped arriving before its end (a copy streamed piece by piece).
+    #[error("the replica's answer stopped arriving: {0}")]
+    Body(#[from] meshwire::BodyError),
 }
 
 /// What happens to requests still in flight when a plan is done.

@@ -290,14 +290,14 @@ impl ObjectService {
             &self.placement(),
             summary.digests(),
         ));
-        self.count_sent(request.len());
+        self.count_sent(request.len() as u64);
         let reply = self
             .inner
             .node
             .request(peer, SYNC, request, self.inner.config.deadline)
             .await
             .map_err(ReplicaError::from)?;
-        self.count_received(reply.len());
+        self.count_received(reply.len() as u64);
         let answer = entropy::decode_entries(&reply, buckets, limits).inspect_err(|error| {
             self.count_entropy_error(peer, error);
         })?;
@@ -437,7 +437,8 @@ impl ObjectService {
         let mut fetched = stream::iter(chosen)
             .map(|entry| async move {
                 let result = if u64::from(entry.len) >= min_file {
-                    self.pull_large(peer, &entry.key).await
+                    self.pull_large(peer, &entry.key, u64::from(entry.len))
+                        .await
                 } else {
                     self.fetch_copy(peer, &entry.key).await.map(|copy| {
                         copy.map_or(Pulled::Nothing, |(stamp, content)| {
@@ -499,13 +500,19 @@ impl ObjectService {
         }
     }
 
-    /// Pulls `key`'s copy from `peer` into a content file (see [`Self::pull_written`]).
-    async fn pull_large(&self, peer: PeerId, key: &str) -> Result<Pulled, ReplicaError> {
-        let Some(pulled) = self.pull_written(peer, key).await? else {
+    /// Pulls `key`'s copy from `peer`, at most `listed` bytes, into a content file (see
+    /// [`Self::pull_written`]).
+    async fn pull_large(
+        &self,
+        peer: PeerId,
+        key: &str,
+        listed: u64,
+    ) -> Result<Pulled, ReplicaError> {
+        self.count_sent(object::fetch_len(key) as u64);
+        let Some(pulled) = self.pull_written(peer, key, listed).await? else {
             return Ok(Pulled::Nothing);
         };
-        self.count_sent(saturating(pulled.sent));
-        self.count_received(saturating(pulled.received));
+        self.count_received(pulled.received);
         Ok(if pulled.holds {
             self.count_repaired("pulled");
             Pulled::Stored
@@ -523,13 +530,13 @@ impl ObjectService {
     ) -> Result<Option<(Stamp, Bytes)>, ReplicaError> {
         let clock = self.tick()?;
         let request = Bytes::from(object::encode_fetch(clock, FetchMode::Full, key));
-        self.count_sent(request.len());
+        self.count_sent(request.len() as u64);
         let reply = self
             .inner
             .node
             .request(peer, FETCH, request, self.inner.config.deadline)
             .await?;
-        self.count_received(reply.len());
+        self.count_received(reply.len() as u64);
         let answer = decode_fetched(FetchMode::Full, &reply, self.inner.config.max_object_bytes)?;
         let fetched = answer.answer.map_err(|reason| {
             self.count_refused_answer(reason);
@@ -589,8 +596,8 @@ impl ObjectService {
         let Some(copy) = self.send_local_copy(peer, key, None).await? else {
             return Ok(false);
         };
-        self.count_sent(saturating(copy.sent));
-        self.count_received(saturating(copy.received));
+        self.count_sent(copy.sent);
+        self.count_received(copy.received);
         match copy.stored {
             Stored::Holds => Ok(true),
             Stored::Superseded(held) => Err(ReplicaError::Superseded { held }),
@@ -658,19 +665,15 @@ impl ObjectService {
             .inc();
     }
 
-    fn count_sent(&self, bytes: usize) {
-        self.inner.metrics.entropy_sent_bytes.inc_by(bytes as u64);
+    fn count_sent(&self, bytes: u64) {
+        self.inner.metrics.entropy_sent_bytes.inc_by(bytes);
     }
 
-    fn count_received(&self, bytes: usize) {
-        self.inner
-            .metrics
-            .entropy_received_bytes
-            .inc_by(bytes as u64);
+    fn count_received(&self, bytes: u64) {
+        self.inner.metrics.entropy_received_bytes.inc_by(bytes);
     }
 }
 
-/// The anti-entropy loop of the service behind `weak` (see the module docs).
 /// A pulled copy: held, to be stored with others in one batch; stored already (from a content
 /// file it was written to as it arrived); or none.
 enum Pulled {
@@ -679,10 +682,7 @@ enum Pulled {
     Nothing,
 }
 
-fn saturating(bytes: u64) -> usize {
-    usize::try_from(bytes).unwrap_or(usize::MAX)
-}
-
+/// The anti-entropy loop of the service behind `weak` (see the module docs).
 async fn anti_entropy_loop(
     weak: Weak<Inner>,
     mut events: meshwire::PeerEvents,

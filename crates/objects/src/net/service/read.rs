@@ -95,15 +95,19 @@ impl ObjectService {
             .map(|(peer, _)| *peer)
             .collect();
         let repairs = stale.len();
-        if repairs > 0 {
+        // The stale replicas get the winner from this node: held, or from its content file. A
+        // winner streamed from another replica passed through to the reader and is not kept, so
+        // its stale replicas (this node among them) are left to anti-entropy.
+        let source = match &body {
+            ReadBody::Local(Body::Held(content)) => Some(Some(StoredObject {
+                stamp,
+                content: content.clone(),
+            })),
+            ReadBody::Local(Body::File(_)) => Some(None),
+            ReadBody::Remote(_) => None,
+        };
+        if let (true, Some(held)) = (repairs > 0, source) {
             self.inner.metrics.repairs.inc_by(repairs as u64);
-            let held = match &body {
-                ReadBody::Local(Body::Held(content)) => Some(StoredObject {
-                    stamp,
-                    content: content.clone(),
-                }),
-                _ => None,
-            };
             tokio::spawn(self.clone().repair(key.to_string(), stamp, held, stale));
         }
         Ok(BodyRead {
@@ -268,7 +272,8 @@ impl ObjectService {
             if stream {
                 // Streamed from the holder's content file into the reader's response: neither
                 // node holds a large copy whole.
-                match self.remote_content(*peer, key, current, false).await {
+                let limit = self.inner.config.max_object_bytes as u64;
+                match self.remote_content(*peer, key, current, limit, false).await {
                     Some(content) => return Ok(content),
                     None => continue,
                 }
@@ -300,9 +305,8 @@ impl ObjectService {
     }
 
     /// Sends the `stale` replicas of `key` the copy stamped `stamp`: `held`, or (when the read
-    /// streamed it) this node's own copy if it still has that stamp, sent from its content file
-    /// piece by piece. A stale copy on this node whose winner the read streamed from another
-    /// replica is left to anti-entropy (the content passed through to the reader, not kept).
+    /// streamed it from this node's content file) this node's copy if it still has that stamp,
+    /// sent from the file piece by piece.
     async fn repair(
         self,
         key: String,
@@ -311,10 +315,13 @@ impl ObjectService {
         stale: Vec<PeerId>,
     ) {
         let me = self.inner.node.peer_id();
-        let Ok(clock) = self.tick() else {
-            return;
+        let header = match &held {
+            Some(_) => match self.tick() {
+                Ok(clock) => Bytes::from(object::encode_store_header(clock, &key, &stamp)),
+                Err(_) => return,
+            },
+            None => Bytes::new(),
         };
-        let header = Bytes::from(object::encode_store_header(clock, &key, &stamp));
         for peer in stale {
             let result: Result<(), ReplicaError> = match &held {
                 Some(object) if peer == me => {
@@ -329,6 +336,7 @@ impl ObjectService {
                     self.repair_one(peer, header.clone(), object.content.clone())
                         .await
                 }
+                // This node holds the winner (it streamed it), so it is not stale.
                 None if peer == me => Ok(()),
                 None => match self.send_local_copy(peer, &key, Some(stamp)).await {
                     Ok(Some(copy)) => match copy.stored {

@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
@@ -125,9 +124,7 @@ impl meshwire::BodySource for FileSource {
         let (offset, n) = (self.offset, self.left.min(PIECE_BYTES as u64) as usize);
         let (file, piece) = blocking(self.inline, move || {
             let mut piece = vec![0u8; n];
-            let read = file
-                .seek(SeekFrom::Start(offset))
-                .and_then(|_| file.read_exact(&mut piece));
+            let read = read_exact_at(&mut file, &mut piece, offset);
             (file, read.map(|()| Bytes::from(piece)))
         })
         .await
@@ -153,6 +150,23 @@ pub(super) enum Ready {
     Small(Bytes),
     /// Stamped, and open for each other replica.
     Large(Stamp, Arc<Outgoing>),
+}
+
+/// Reads `buf.len()` bytes of `file` from `offset`. On Unix without moving the file's position,
+/// which its clones share: two sends of one file to one replica (a conditional write's prepare
+/// asked again while the first send still reads) never read each other's pieces.
+#[allow(clippy::needless_pass_by_ref_mut)] // `&mut` for the seek elsewhere than Unix
+fn read_exact_at(file: &mut File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+    }
+    #[cfg(not(unix))]
+    {
+        use std::io::{Read, Seek, SeekFrom};
+        file.seek(SeekFrom::Start(offset))?;
+        file.read_exact(buf)
+    }
 }
 
 /// A written content file on its way to the replicas: the local commit takes the file, each
@@ -280,9 +294,8 @@ impl ObjectService {
     }
 
     /// Sends `peer` a request on `protocol` of `header` then the written content of `outgoing`,
-    /// piece by piece from `peer`'s own handle of the file, and sends it again while the replica
-    /// refuses it as busy (see [`Self::retry_busy`]). Sends to one peer follow each other (each
-    /// reads the file from its start through the same handle).
+    /// piece by piece from `peer`'s own handle of the file (read at each piece's offset), and
+    /// sends it again while the replica refuses it as busy (see [`Self::retry_busy`]).
     pub(super) async fn send_written(
         &self,
         peer: PeerId,
@@ -338,20 +351,28 @@ impl ObjectService {
         body: &mut RequestBody,
         hash: ContentHash,
     ) -> Result<WrittenContent, HandlerError> {
-        let failed = |error: ObjectServiceError| HandlerError::Failed(Box::new(error));
-        let mut writer = self
-            .object_writer()
-            .await
-            .map_err(failed)?
-            .ok_or(HandlerError::Stopped)?;
-        while let Some(piece) = body.next_piece().await.map_err(body_failed)? {
-            writer.write(piece).await.map_err(failed)?;
-        }
-        let written = writer.finish().await.map_err(failed)?;
+        let written = self.body_to_file(body).await.map_err(|error| match error {
+            BodyToFile::Body(error) => body_failed(error),
+            BodyToFile::Writer(error) => HandlerError::Failed(Box::new(error)),
+        })?;
         if written.hash() != hash {
             return Err(self.malformed(peer, object::ObjectError::HashMismatch));
         }
         Ok(written)
+    }
+
+    /// The rest of `body` written to a new content file as it arrives, hashed on the way
+    /// (refused past `max_object_bytes`).
+    async fn body_to_file(&self, body: &mut RequestBody) -> Result<WrittenContent, BodyToFile> {
+        let mut writer = self
+            .object_writer()
+            .await
+            .map_err(BodyToFile::Writer)?
+            .ok_or(BodyToFile::Writer(StoreError::Stopped.into()))?;
+        while let Some(piece) = body.next_piece().await.map_err(BodyToFile::Body)? {
+            writer.write(piece).await.map_err(BodyToFile::Writer)?;
+        }
+        writer.finish().await.map_err(BodyToFile::Writer)
     }
 
     /// Stores a copy `peer` sends piece by piece, as [`Self::serve_store`] does with one sent
@@ -402,6 +423,13 @@ impl ObjectService {
             .map_err(|error| HandlerError::Failed(Box::new(error)))?;
         self.stored(held, stamp)
     }
+}
+
+/// Why a body could not be written to a content file: the body failed to arrive, or the file
+/// could not be written (or the body was too large).
+enum BodyToFile {
+    Body(meshwire::BodyError),
+    Writer(ObjectServiceError),
 }
 
 fn body_failed(error: meshwire::BodyError) -> HandlerError {
@@ -536,13 +564,14 @@ impl ObjectService {
     /// The content of `key` stamped `winner` (or a newer one, as `current` says) from `peer`,
     /// streamed: `None` if the peer does not answer with such a copy in time. Its clock passes
     /// the same checks as any answer's.
-    /// With `observe_version`, the copy's version passes the clock's checks too (a copy this node
-    /// will store, as anti-entropy's pulls do).
+    /// A copy longer than `limit` bytes is refused. With `observe_version`, the copy's version
+    /// passes the clock's checks too (a copy this node will store, as anti-entropy's pulls do).
     pub(super) async fn remote_content(
         &self,
         peer: PeerId,
         key: &str,
         current: impl Fn(Stamp) -> bool,
+        limit: u64,
         observe_version: bool,
     ) -> Option<(Stamp, ReadBody)> {
         let clock = self.tick().ok()?;
@@ -557,7 +586,7 @@ impl ObjectService {
         let (clock, stamp) = object::decode_fetched_head(&head).ok()??;
         let len = body.remaining();
         if !current(stamp)
-            || len > self.inner.config.max_object_bytes as u64
+            || len > limit.min(self.inner.config.max_object_bytes as u64)
             || self
                 .accept_answer(peer, clock, observe_version.then_some(stamp.version))
                 .is_err()
@@ -612,7 +641,7 @@ impl ObjectService {
     /// Sends `peer` this node's copy of `key` in a store request, if it holds one (given `only`,
     /// only the copy stamped so): content held from its buffer, a content file's content piece by
     /// piece from the file, checked as it is read, never held whole. Asks again while the replica
-    /// is busy (the file read again from its start). `None`: no such copy here. Read repair and
+    /// is busy (the copy read again from its start). `None`: no such copy here. Read repair and
     /// anti-entropy's pushes send copies so.
     pub(super) async fn send_local_copy(
         &self,
@@ -629,38 +658,40 @@ impl ObjectService {
         let clock = self.tick()?;
         let header = Bytes::from(object::encode_store_header(clock, key, &stamp));
         let sent = header.len() as u64 + body.len();
-        let reply = match body {
-            Body::Held(content) => {
-                self.request_replica(peer, super::STORE, header, content)
-                    .await?
-            }
-            Body::File(reader) => {
-                let len = reader.len();
-                let first = Mutex::new(Some(reader));
-                self.retry_busy(|left| {
-                    let reader = lock(&first).take();
-                    let (service, header) = (self.clone(), header.clone());
-                    async move {
-                        let reader = match reader {
-                            Some(reader) => reader,
-                            None => service.file_of(key, stamp).await.ok_or_else(|| {
-                                meshwire::RequestError::Source(format!(
-                                    "this node's copy of {key:?} changed while it was sent"
-                                ))
-                            })?,
-                        };
-                        let source = ReaderSource {
-                            reader: Some(reader),
-                            inline: service.inner.inline_store,
-                        };
-                        let node = &service.inner.node;
-                        node.request_streamed(peer, super::STORE, header, (len, source), left)
-                            .await
+        let first = Mutex::new(Some(body));
+        let reply = self
+            .retry_busy(|left| {
+                let body = lock(&first).take();
+                let (service, header) = (self.clone(), header.clone());
+                async move {
+                    // Asked again: the copy is read again from its start.
+                    let body = match body {
+                        Some(body) => body,
+                        None => service.body_of(key, stamp).await.ok_or_else(|| {
+                            meshwire::RequestError::Source(format!(
+                                "this node's copy of {key:?} changed while it was sent"
+                            ))
+                        })?,
+                    };
+                    let node = &service.inner.node;
+                    match body {
+                        Body::Held(content) => {
+                            node.request_parts(peer, super::STORE, header, content, left)
+                                .await
+                        }
+                        Body::File(reader) => {
+                            let len = reader.len();
+                            let source = ReaderSource {
+                                reader: Some(reader),
+                                inline: service.inner.inline_store,
+                            };
+                            node.request_streamed(peer, super::STORE, header, (len, source), left)
+                                .await
+                        }
                     }
-                })
-                .await?
-            }
-        };
+                }
+            })
+            .await?;
         Ok(Some(SentCopy {
             sent,
             received: reply.len() as u64,
@@ -668,53 +699,46 @@ impl ObjectService {
         }))
     }
 
-    /// This node's content file of `key`, open for reading, if it still holds the copy stamped
-    /// `stamp` in one.
-    async fn file_of(&self, key: &str, stamp: Stamp) -> Option<Box<ContentReader>> {
+    /// This node's copy of `key` (held, or its content file open for reading), if it still
+    /// holds the copy stamped `stamp`.
+    async fn body_of(&self, key: &str, stamp: Stamp) -> Option<Body> {
         match self.local_body(key).await {
-            Ok(Some((held, Body::File(reader)))) if held == stamp => Some(reader),
+            Ok(Some((held, body))) if held == stamp => Some(body),
             _ => None,
         }
     }
 
-    /// Fetches `peer`'s copy of `key` as it arrives into a content file of this node (checked
-    /// against its hash as it arrives, its clock and version checked as any answer's) and
-    /// stores it; never holds it whole. `None`: the peer did not send a copy (it no longer
-    /// holds one, refused, or failed). Anti-entropy pulls copies large enough for a content file
-    /// so.
+    /// Fetches `peer`'s copy of `key` (at most `limit` bytes: the length its listing gave) as
+    /// it arrives into a content file of this node (hashed once, as it is written; its clock and
+    /// version checked as any answer's) and stores it; never holds it whole. `None`: the peer
+    /// did not send such a copy (it no longer holds one, refused, or sent a longer one). Anti-
+    /// entropy pulls copies large enough for a content file so.
     pub(super) async fn pull_written(
         &self,
         peer: PeerId,
         key: &str,
+        limit: u64,
     ) -> Result<Option<PulledCopy>, ReplicaError> {
-        let Some((stamp, ReadBody::Remote(mut content))) =
-            self.remote_content(peer, key, |_| true, true).await
+        let Some((stamp, ReadBody::Remote(content))) =
+            self.remote_content(peer, key, |_| true, limit, true).await
         else {
             return Ok(None);
         };
+        let mut content = *content;
         let received = content.len + object::FETCHED_HEAD_LEN as u64;
-        let mut writer = self
-            .object_writer()
-            .await
-            .map_err(replica_error)?
-            .ok_or(StoreError::Stopped)?;
-        loop {
-            match content.next_piece().await {
-                Ok(Some(piece)) => writer.write(piece).await.map_err(replica_error)?,
-                Ok(None) => break,
-                Err(error) => {
-                    tracing::debug!(peer = %peer.short(), %key, %error, "a streamed pull failed");
-                    return Ok(None);
-                }
-            }
+        let written = match self.body_to_file(&mut content.body).await {
+            Ok(written) => written,
+            Err(BodyToFile::Body(error)) => return Err(error.into()),
+            Err(BodyToFile::Writer(error)) => return Err(replica_error(error)),
+        };
+        if written.hash() != stamp.hash {
+            return Err(object::ObjectError::HashMismatch.into());
         }
-        let written = writer.finish().await.map_err(replica_error)?;
-        let key_owned = key.to_string();
+        let key = key.to_string();
         let held = self
-            .on_store(move |store| store.put_written(&key_owned, stamp, written))
+            .on_store(move |store| store.put_written(&key, stamp, written))
             .await??;
         Ok(Some(PulledCopy {
-            sent: object::fetch_len(key) as u64,
             received,
             holds: held == stamp,
         }))
@@ -733,8 +757,6 @@ pub(super) struct SentCopy {
 
 /// A copy this node fetched and stored ([`ObjectService::pull_written`]).
 pub(super) struct PulledCopy {
-    /// Bytes of the fetch request.
-    pub sent: u64,
     /// Bytes of the answer: its head and the content.
     pub received: u64,
     /// Whether this node now holds the fetched copy (not a newer one it held already).

@@ -100,6 +100,19 @@ impl WrittenContent {
         self.hash
     }
 
+    /// Flushes the file to disk now and closes it (the commit then has nothing left to flush):
+    /// content held for a while before its commit (a prepared conditional write) keeps no file
+    /// open.
+    pub fn sync(&mut self) -> Result<(), StoreError> {
+        if let Some(file) = self.file.take() {
+            file.sync_data().map_err(|source| StoreError::File {
+                path: self.path.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
     /// The file, for reading it while it is committed: an open file stays readable if the
     /// commit loses and removes it.
     pub fn path(&self) -> &Path {
