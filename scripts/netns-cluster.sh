@@ -147,6 +147,8 @@ ring_batch() { # label: POST a 4 MiB batch to node 1 and check it came back inta
     "http://$(address 1):7780/pipeline/batches")
   if [ "$(tail -1 <<<"$out")" != 200 ]; then
     fail "$1: batch round the ring: status $(tail -1 <<<"$out"): $(head -1 <<<"$out")"
+    # A relay that gave the batch up says why at warn.
+    { grep -H -E "WARN|ERROR" "$work"/node*.log || true; } | tail -20 | sed 's/^/  /'
     return
   fi
   head -1 <<<"$out" | python3 -c '

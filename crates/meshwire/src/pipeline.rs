@@ -364,13 +364,16 @@ impl Shared {
 
     async fn relay(self: Arc<Self>, mut batch: InboundBatch) {
         let header = batch.header().clone();
+        let batch_id = header.batch_id;
         let result = self.send_stream(header, &mut batch).await;
         let mut counts = lock(&self.counts);
         match result {
             Ok(()) => counts.completed += 1,
             Err(error) => {
                 counts.failed += 1;
-                tracing::debug!(%error, "pipeline relay failed a batch");
+                // At warn: the first node only learns that a relay gave the batch up (a reset);
+                // why is said here.
+                tracing::warn!(batch_id, %error, "pipeline relay failed a batch");
                 // Dropping the inbound batch unfinished stops it: the predecessor learns.
                 drop(counts);
                 batch.discard();
