@@ -13,7 +13,9 @@
 //! between two live connections of opposite direction that were established within the dial
 //! timeout of each other, keep the one dialed by the smaller [`PeerId`]; otherwise keep the newer
 //! (the older one belongs to a peer that restarted). Both sides apply the same rule to the same
-//! pair, so they keep the same connection.
+//! pair, so they keep the same connection. A dial whose handshake is still under way when the
+//! peer's own connection to this node comes up is given up, so a dial that started while the
+//! peer was down and completes late never replaces the connection already in use.
 //!
 //! Inbound messages are routed by [`ProtocolId`] to one bounded subscriber channel each. A full
 //! channel stops reading the peer's stream, so QUIC flow control slows the sender instead of memory

@@ -265,7 +265,18 @@ impl Inner {
             let connecting =
                 self.endpoint
                     .connect_with(client_config, address, &peer.to_string())?;
-            let connection = connecting.await.map_err(DialError::Handshake)?;
+            // A dial still in its handshake when the peer connects to this node is given up:
+            // a dial started while the peer was down can complete seconds later (a retransmitted
+            // Initial), and as a second connection the tie-break could then close the one
+            // already in use (a batch on it failed in `scripts/netns-cluster.sh` after a
+            // restart). Given up before this side finished its handshake, the peer can never
+            // complete it either, so no second connection appears; a handshake already complete
+            // here is kept (`biased`) and the tie-break decides as for any simultaneous dial.
+            let connection = tokio::select! {
+                biased;
+                result = connecting => result.map_err(DialError::Handshake)?,
+                () = self.until_connected(peer) => return Ok(None),
+            };
             // The client finishes its half of the handshake before the server has checked the
             // client's certificate; wait for HANDSHAKE_DONE so a refusal surfaces here.
             tokio::select! {
