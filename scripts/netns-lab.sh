@@ -68,6 +68,12 @@ not_judged=(
   "transfer-bound-standard-window/hop_transfer_ms_p99"
   "transfer-bound-standard-window/hop_p50_over_floor"
   "transfer-bound-standard-window/hop_p99_over_floor"
+  # BBR overflowing a one-BDP queue (a case with no theory target): its goodput depends on how
+  # many packets the overflow costs, which moves with each millisecond of real-time pacing. tbf
+  # dropped 633-1161 packets per run and goodput was 724.6-809.0 Mbit/s against 793.6 virtual
+  # (0.913-1.019) over 7 runs on the idle 2-core machine, and fell more than 10% short on CI's.
+  # The same case under the default controller stays judged: it checks the queue's emulation.
+  "bulk-bdp-shallow-queue-bbr/goodput_mbit_per_s"
 )
 # Judged within 25%, each for a reason that is real time's, not the emulation's error. A hop in
 # virtual time costs no CPU and its timers fire on the exact tick; in real time five host
