@@ -116,7 +116,7 @@ impl TransportSettings {
     }
 
     pub(crate) fn to_quinn(&self) -> Result<quinn::TransportConfig, ConfigError> {
-        self.to_quinn_resuming(None)
+        self.to_quinn_resuming(None, None)
     }
 
     /// The quinn transport of a connection to one peer: under [`Congestion::Meshwire`] its
@@ -125,6 +125,7 @@ impl TransportSettings {
     pub(crate) fn to_quinn_resuming(
         &self,
         resume: Option<(Option<PathEstimate>, PathSlot)>,
+        allowance: Option<crate::congestion::AllowanceCell>,
     ) -> Result<quinn::TransportConfig, ConfigError> {
         let bdp = self.bdp_bytes();
         let varint = |value: u64| {
@@ -193,6 +194,9 @@ impl TransportSettings {
                 );
                 if let Some((estimate, slot)) = resume {
                     factory = factory.resuming(estimate, slot);
+                }
+                if let Some(cell) = allowance {
+                    factory = factory.with_allowance(cell);
                 }
                 config.congestion_controller_factory(Arc::new(factory))
             }

@@ -51,6 +51,14 @@
 //! [`PathSlot`] the node keeps per peer; the next connection to that peer starts from it by
 //! careful resume ([`resume`], its `# Design`), unless an initial window is configured.
 //!
+//! A sender that keeps windows of its own over a connection's datagrams (the multipath session,
+//! with `claim_window`) can claim them on the connection ([`crate::Node::datagram_allowance`],
+//! [`DatagramAllowance`]): the window is then at least the sum of the live claims, within the
+//! configured bandwidth over the path's minimum RTT (nothing before an RTT is measured), so that
+//! quinn's slow start and loss backoff do not hold back what that sender's own window lets out.
+//! Such a sender then governs its own congestion response; the claim is local (no peer can make
+//! one) and is withdrawn when dropped.
+//!
 //! Limits: a drop-tail queue too shallow to show in the RTT (a twentieth of a bandwidth-delay
 //! product) that loses under [`LOSS_RATE_CEILING`] looks like random loss, so beside CUBIC there
 //! the controller takes too much (`scenarios/fairness.toml`, the `0.05bdp` cases: CUBIC kept 0.39
@@ -71,6 +79,7 @@
 //! 2.33× but cut a CUBIC flow's share beside meshwire at a quarter-BDP queue from 0.97 to 0.76.
 
 use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -83,6 +92,61 @@ use resume::{CarefulResume, PathEstimate, PathObserver};
 
 /// Where a connection to one peer publishes what it measured of the path, for the next one.
 pub type PathSlot = Arc<Mutex<Option<PathEstimate>>>;
+
+/// The bytes of one connection's congestion window that senders with windows of their own have
+/// claimed for their datagrams: the sum of the live [`DatagramAllowance`]s on it. [`Meshwire`]
+/// lets the connection keep at least this much in flight (see the module's `# Design`).
+#[derive(Debug, Clone, Default)]
+pub struct AllowanceCell(Arc<AtomicU64>);
+
+impl AllowanceCell {
+    /// The bytes claimed, in sum.
+    pub fn bytes(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Whether `claim` is a claim on this cell.
+    pub fn holds(&self, claim: &DatagramAllowance) -> bool {
+        Arc::ptr_eq(&self.0, &claim.cell.0)
+    }
+}
+
+/// One sender's claim on a connection's congestion window ([`crate::Node::claim_datagram_window`]):
+/// the bytes of datagrams it means to keep in flight there by its own window. Dropping the claim
+/// withdraws it.
+#[derive(Debug)]
+pub struct DatagramAllowance {
+    cell: AllowanceCell,
+    bytes: u64,
+}
+
+impl DatagramAllowance {
+    /// A claim of nothing yet on `cell`.
+    pub fn new(cell: AllowanceCell) -> Self {
+        Self { cell, bytes: 0 }
+    }
+
+    /// Claims `bytes` instead of what this claim held.
+    pub fn set(&mut self, bytes: u64) {
+        if bytes > self.bytes {
+            self.cell.0.fetch_add(bytes - self.bytes, Ordering::Relaxed);
+        } else {
+            self.cell.0.fetch_sub(self.bytes - bytes, Ordering::Relaxed);
+        }
+        self.bytes = bytes;
+    }
+
+    /// The bytes this claim holds.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for DatagramAllowance {
+    fn drop(&mut self) {
+        self.cell.0.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
 
 /// A queue is present when the RTT exceeds the minimum by this fraction of the minimum...
 pub const QUEUE_DELAY_FRACTION: f64 = 0.125;
@@ -277,6 +341,7 @@ pub struct MeshwireConfig {
     initial_window_set: bool,
     resume_from: Option<PathEstimate>,
     slot: Option<PathSlot>,
+    allowance: Option<AllowanceCell>,
 }
 
 impl MeshwireConfig {
@@ -293,6 +358,7 @@ impl MeshwireConfig {
             initial_window_set: initial_window.is_some(),
             resume_from: None,
             slot: None,
+            allowance: None,
         }
     }
 
@@ -305,6 +371,13 @@ impl MeshwireConfig {
             .filter(|estimate| estimate.check(self.bandwidth_bytes_per_sec).is_ok())
             .filter(|_| !self.initial_window_set);
         self.slot = Some(slot);
+        self
+    }
+
+    /// Connections built by this factory keep at least what is claimed on `cell` in flight
+    /// (within the bandwidth over the path's minimum RTT).
+    pub fn with_allowance(mut self, cell: AllowanceCell) -> Self {
+        self.allowance = Some(cell);
         self
     }
 
@@ -334,6 +407,8 @@ impl ControllerFactory for MeshwireConfig {
             resume,
             observer: PathObserver::default(),
             slot: self.slot.clone(),
+            allowance: self.allowance.clone(),
+            allowance_cap: 0,
         })
     }
 }
@@ -348,6 +423,10 @@ pub struct Meshwire {
     resume: Option<CarefulResume>,
     observer: PathObserver,
     slot: Option<PathSlot>,
+    allowance: Option<AllowanceCell>,
+    /// The most of the allowance the window takes: the bandwidth over the minimum RTT (0 before
+    /// an RTT is measured).
+    allowance_cap: u64,
 }
 
 impl std::fmt::Debug for Meshwire {
@@ -367,6 +446,13 @@ impl Meshwire {
             .is_some_and(|ssthresh| self.inner.window() < ssthresh)
     }
 
+    /// What senders claimed of this connection's window, within the cap.
+    fn claimed(&self) -> u64 {
+        self.allowance
+            .as_ref()
+            .map_or(0, |cell| cell.bytes().min(self.allowance_cap))
+    }
+
     /// Restarts CUBIC at `window` bytes (careful resume's jump or safe retreat).
     fn restart_at(&mut self, now: Instant, window: u64) {
         let mut cubic = (*self.cubic).clone();
@@ -381,6 +467,7 @@ impl Meshwire {
             return;
         };
         self.filter.on_rtt(now, smoothed, min);
+        self.allowance_cap = self.bdp_cap(min);
         if let Some(estimate) = self.observer.on_ack(now, bytes, min) {
             if let Some(slot) = &self.slot {
                 *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(estimate);
@@ -391,7 +478,12 @@ impl Meshwire {
     /// The largest window application-limited slow start may reach: the configured bandwidth
     /// over the path's minimum RTT.
     fn app_limited_cap(&self, rtt: &RttEstimator) -> u64 {
-        let bytes = u128::from(self.bandwidth_bytes_per_sec) * rtt.min().as_micros() / 1_000_000;
+        self.bdp_cap(rtt.min())
+    }
+
+    /// The configured bandwidth over `min_rtt`, in bytes.
+    fn bdp_cap(&self, min_rtt: Duration) -> u64 {
+        let bytes = u128::from(self.bandwidth_bytes_per_sec) * min_rtt.as_micros() / 1_000_000;
         u64::try_from(bytes).unwrap_or(u64::MAX)
     }
 }
@@ -470,7 +562,7 @@ impl Controller for Meshwire {
     }
 
     fn window(&self) -> u64 {
-        self.inner.window()
+        self.inner.window().max(self.claimed())
     }
 
     fn metrics(&self) -> ControllerMetrics {
@@ -487,6 +579,8 @@ impl Controller for Meshwire {
             resume: self.resume.clone(),
             observer: self.observer.clone(),
             slot: self.slot.clone(),
+            allowance: self.allowance.clone(),
+            allowance_cap: self.allowance_cap,
         })
     }
 
@@ -519,6 +613,50 @@ mod tests {
         }
         filter.on_rtt(start + min * rounds, rtt, min);
         filter
+    }
+
+    #[test]
+    fn claims_add_up_and_are_withdrawn_when_dropped() {
+        let cell = AllowanceCell::default();
+        let mut one = DatagramAllowance::new(cell.clone());
+        let mut two = DatagramAllowance::new(cell.clone());
+        one.set(100_000);
+        two.set(50_000);
+        assert_eq!(cell.bytes(), 150_000);
+        one.set(30_000);
+        assert_eq!((cell.bytes(), one.bytes()), (80_000, 30_000));
+        assert!(cell.holds(&one));
+        assert!(!AllowanceCell::default().holds(&one));
+        drop(two);
+        assert_eq!(cell.bytes(), 30_000);
+        drop(one);
+        assert_eq!(cell.bytes(), 0);
+    }
+
+    /// A claim raises the window to what it claims, never above the configured bandwidth over
+    /// the path's minimum RTT (nothing before an RTT is measured), and dropping it gives the
+    /// window back to CUBIC.
+    #[test]
+    fn a_claimed_window_is_honoured_within_the_bandwidth_delay_cap() {
+        let start = Instant::now();
+        let cell = AllowanceCell::default();
+        // 100 Mbit/s: 125 kB over a 10 ms minimum RTT.
+        let config = MeshwireConfig::new(100_000_000, None).with_allowance(cell.clone());
+        let mut controller = Arc::new(config)
+            .build(start, 1200)
+            .into_any()
+            .downcast::<Meshwire>()
+            .expect("a meshwire controller");
+        let initial = controller.inner.window();
+        let mut claim = DatagramAllowance::new(cell.clone());
+        claim.set(1_000_000);
+        assert_eq!(controller.window(), initial, "no RTT measured yet");
+        controller.on_measured_rtt(start + MS * 10, 1200, Some((MS * 12, MS * 10)));
+        assert_eq!(controller.window(), 125_000);
+        claim.set(50_000);
+        assert_eq!(controller.window(), 50_000.max(initial));
+        drop(claim);
+        assert_eq!(controller.window(), initial);
     }
 
     /// quinn's initial RTT guess, which it hands to the first `on_ack` calls before it has a

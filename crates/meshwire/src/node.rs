@@ -179,6 +179,9 @@ struct Current {
     connection: Connection,
     direction: Direction,
     since: Instant,
+    /// What senders with their own windows claimed of this connection's congestion window
+    /// (read by meshwire's controller; no effect under the others).
+    allowance: crate::congestion::AllowanceCell,
 }
 
 impl Current {
@@ -466,6 +469,24 @@ impl Node {
             window_bytes: connection.stats().path.cwnd,
             rtt: connection.rtt(),
         })
+    }
+
+    /// The cell where senders claim part of the congestion window of the current connection to
+    /// `peer` for datagrams they keep in flight by windows of their own (`None` when not
+    /// connected). Under [`crate::Congestion::Meshwire`] the connection's window is at least the
+    /// sum of the live claims, within the configured bandwidth over the path's minimum RTT;
+    /// under the other controllers claims change nothing. A claim is a
+    /// [`crate::congestion::DatagramAllowance`]; one made on a connection that has since been
+    /// replaced no longer counts (check with [`crate::congestion::AllowanceCell::holds`]).
+    pub fn datagram_allowance(&self, peer: PeerId) -> Option<crate::congestion::AllowanceCell> {
+        let peers = lock(&self.inner.peers);
+        let current = peers
+            .get(&peer)?
+            .current
+            .borrow()
+            .clone()
+            .filter(Current::is_alive)?;
+        Some(current.allowance)
     }
 
     /// Receives every datagram peers send to this node on `protocol`. One subscriber per

@@ -106,6 +106,7 @@ impl Inner {
         connection: Connection,
         remote: PeerId,
         direction: Direction,
+        allowance: crate::congestion::AllowanceCell,
     ) -> bool {
         if self.is_shutting_down() {
             connection.close(VarInt::from_u32(CLOSE_SHUTDOWN), b"shutdown");
@@ -145,6 +146,7 @@ impl Inner {
                 connection: connection.clone(),
                 direction,
                 since: now,
+                allowance,
             }));
             if !entry.up {
                 self.peer_watchers.announce(remote, true);
@@ -223,8 +225,9 @@ impl Inner {
         // it sends batches to) starts its sends at the path's rate too.
         let address = incoming.remote_address();
         let slot = self.path_slot(address);
+        let allowance = crate::congestion::AllowanceCell::default();
         let mut server_config = self.server_config.clone();
-        server_config.transport_config(self.transport_with(&slot));
+        server_config.transport_config(self.transport_with(&slot, &allowance));
         let connecting = match incoming.accept_with(Arc::new(server_config)) {
             Ok(connecting) => connecting,
             Err(error) => {
@@ -248,7 +251,7 @@ impl Inner {
             return;
         };
         self.remember_path(address, slot);
-        self.register(connection, remote, Direction::Inbound);
+        self.register(connection, remote, Direction::Inbound, allowance);
     }
 
     async fn dial(self: Arc<Self>, address: SocketAddr, peer: PeerId) -> Result<(), DialError> {
@@ -259,7 +262,8 @@ impl Inner {
         let (crypto, seen) = tls::client_crypto(&self.tls, peer)?;
         let mut client_config = quinn::ClientConfig::new(crypto);
         let slot = self.path_slot(address);
-        client_config.transport_config(self.transport_with(&slot));
+        let allowance = crate::congestion::AllowanceCell::default();
+        client_config.transport_config(self.transport_with(&slot, &allowance));
         let timeout = self.config.dial_timeout;
         let attempt = async {
             let connecting =
@@ -312,17 +316,19 @@ impl Inner {
             Err(_) => return Err(DialError::Timeout(timeout)),
         };
         self.remember_path(address, slot);
-        self.register(connection, peer, Direction::Outbound);
+        self.register(connection, peer, Direction::Outbound, allowance);
         Ok(())
     }
 
     /// The transport of a connection on the path `slot` remembers (dialed or accepted): under
     /// meshwire's controller it starts from what the last connection on it measured (careful
     /// resume) and records what this one measures. An estimate no real path gives is counted,
-    /// forgotten and not used.
+    /// forgotten and not used. Its controller also honours what senders claim on `allowance`
+    /// ([`crate::Node::datagram_allowance`]).
     fn transport_with(
         self: &Arc<Self>,
         slot: &crate::congestion::PathSlot,
+        allowance: &crate::congestion::AllowanceCell,
     ) -> Arc<quinn::TransportConfig> {
         let settings = &self.config.transport;
         if settings.congestion != Congestion::Meshwire {
@@ -347,7 +353,7 @@ impl Inner {
         // The same settings built the node's transport at start, so this succeeds; were it to
         // fail, the shared transport (no resume) is the safe choice.
         settings
-            .to_quinn_resuming(Some((estimate, slot.clone())))
+            .to_quinn_resuming(Some((estimate, slot.clone())), Some(allowance.clone()))
             .map(Arc::new)
             .unwrap_or_else(|_| self.transport.clone())
     }
@@ -632,7 +638,8 @@ mod tests {
                 min_rtt,
             });
             let before = a.metrics().path_estimates_ignored_count(reason);
-            a.inner.transport_with(&slot);
+            a.inner
+                .transport_with(&slot, &crate::congestion::AllowanceCell::default());
             assert_eq!(a.metrics().path_estimates_ignored_count(reason), before + 1);
             assert_eq!(*lock(&slot), None, "{reason}");
         }
