@@ -29,6 +29,7 @@ fn plan() -> TransferPlan {
         inject_malformed: false,
         policy: Policy::Meshwire,
         congestion: meshwire::Congestion::Cubic,
+        claim_window: false,
         limit: Duration::from_secs(20),
     }
 }
@@ -101,4 +102,33 @@ fn malformed_datagrams_are_refused_typed_and_counted() {
         Some("malformed route header: unknown kind 238")
     );
     assert_eq!(outcome.receiver.rejected, 1, "{outcome:?}");
+}
+
+/// With every session claiming its window on its connections (meshwire's controller), a lossy
+/// direct path and a relay still deliver every byte in order, also when the relayed path goes
+/// away and comes back mid-transfer.
+#[test]
+fn claimed_windows_deliver_every_byte_on_lossy_paths_and_through_a_path_outage() {
+    for outage in [
+        None,
+        Some((
+            RELAYED,
+            Duration::from_millis(300),
+            Duration::from_millis(600),
+        )),
+    ] {
+        let plan = TransferPlan {
+            direct: LinkSpec {
+                loss: 0.02,
+                ..path(1024, 20)
+            },
+            congestion: meshwire::Congestion::Meshwire,
+            claim_window: true,
+            outage,
+            ..plan()
+        };
+        let outcome = run_transfer(5, &plan).unwrap();
+        assert!(outcome.complete, "{outage:?}: {outcome:?}");
+        assert_eq!(outcome.received, 1 << 20);
+    }
 }

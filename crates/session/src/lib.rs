@@ -284,6 +284,32 @@
 //!   (quinn's window, not the session's, governs).
 //!   A close is sent once: if it is lost, the other end probes the path until it fails it by its
 //!   RTO, as it would without closes.
+//! - **Claimed windows (`SessionSettings::claim_window`, off by default).** With it, every flush
+//!   claims each path's window (packets × the full packet's size on the wire) on the path's
+//!   connection ([`meshwire::Node::datagram_allowance`]); meshwire's controller keeps that
+//!   connection's window at least at the sum of the claims, within the configured bandwidth
+//!   over the path's minimum RTT, and a claim is withdrawn when its path is removed or the
+//!   session ends. The session's own window policy then alone governs its datagrams: no slow
+//!   start under its startup burst, and no backoff when quinn's controller reads the session's
+//!   standing queue plus random loss as congestion. Measured (seed 1, release build,
+//!   `meshwire lab run scenarios/session-quic.toml`, the `-claims` rows against the default):
+//!   one direct path 0.997 (0.975), 1%-loss direct 0.997 (0.922), 1% + 10%-loss relay 0.982
+//!   (0.881), direct + 3 relays 0.926 (0.796); over `scenarios/sweeps/session.toml` with
+//!   `claim_window = true` added to its params, transfer time over the floor (median / p90 /
+//!   max) went from 1.831 / 2.858 / 3.081 to 1.438 / 2.256 / 2.798 at seed 1, 2.113 / 2.816 /
+//!   4.908 to 1.419 / 2.438 / 3.308 at seed 2, 2.291 / 4.910 / 13.801 to 1.851 / 2.879 / 4.515 at
+//!   seed 3 and 3.033 / 3.971 / 4.509 to 1.643 / 3.358 / 4.298 at seed 4. It is not the default
+//!   because the session's policy (1.25 × delivery rate × minimum RTT) does not back off on
+//!   loss: in `scenarios/fairness.toml` a claiming session beside a CUBIC flow took 0.878 of an
+//!   equal share behind a one-BDP queue but 1.987 (the CUBIC flow 0.013) behind a quarter-BDP
+//!   one, where only loss tells congestion. Without claims the same session takes 0.401 and
+//!   0.998: quinn's window under the session's starves the session itself beside CUBIC at a
+//!   deep queue. Two hand-overs were tried and not kept: claims only until the connection's
+//!   first congestion signal (0.694 / 1.694 of a share, and the lossy rows fell to 0.859 and
+//!   0.536), and the same with CUBIC restarted at the claimed window (0.698 / 1.644; 0.958 and
+//!   0.612). What is missing is a loss response in the session's policy that tells the losses
+//!   more rate buys from random ones, as `meshwire::congestion`'s loss floor does for a
+//!   connection. A relay does not claim: its onward connection keeps quinn's window.
 //!
 //! # Layout
 //!

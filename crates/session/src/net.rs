@@ -13,6 +13,8 @@
 //! The session's own windows govern what is in flight: every datagram the session hands to quinn
 //! is either queued or refused ([`meshwire::DatagramError::BufferFull`]), and a refused one is handed
 //! back to the session as a send error (meshwire's policy resends it, preferably on another path).
+//! quinn's congestion window sits underneath unless the session claims its windows on its
+//! connections ([`SessionSettings::claim_window`], off by default; see the crate's `# Design`).
 //!
 //! Relays: a node forwards only (session, path) pairs it agreed to in a [`RelayRequest`], only
 //! between the two ends named there, only to a peer it is already connected to, one datagram out
@@ -47,6 +49,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
+use meshwire::congestion::DatagramAllowance;
 use meshwire::{protocols, HandlerError, Node, RequestError, SubscribeError};
 use meshwire::{DatagramError, InboundDatagram};
 
@@ -106,6 +109,13 @@ pub struct SessionSettings {
     pub relay: RelayLimits,
     /// How long a dropped session keeps delivering what was written before it gives up.
     pub linger: Duration,
+    /// Whether each path claims the session's own window on its connection
+    /// ([`meshwire::Node::datagram_allowance`]), so that the connection's congestion window
+    /// (meshwire's controller) never holds back what the session's window lets out: the
+    /// session's window policy then alone governs its datagrams. Off by default: the session's
+    /// policy does not back off on loss, and beside a CUBIC flow behind a quarter-BDP queue it
+    /// took nearly all of the bottleneck (`scenarios/fairness.toml`); see the crate's `# Design`.
+    pub claim_window: bool,
 }
 
 impl Default for SessionSettings {
@@ -121,6 +131,7 @@ impl Default for SessionSettings {
             accept_queue: 16,
             relay: RelayLimits::default(),
             linger: Duration::from_secs(10),
+            claim_window: false,
         }
     }
 }
@@ -371,6 +382,7 @@ impl HostInner {
             stats: SessionStats::default(),
             finished: false,
             dropped: false,
+            claims: HashMap::new(),
         }));
         let wake = Arc::new(Notify::new());
         tokio::spawn(drive(
@@ -469,6 +481,9 @@ struct Shared {
     stats: SessionStats,
     finished: bool,
     dropped: bool,
+    /// Each path's claim on its connection's congestion window: the session's own window on
+    /// the path (see the module's `# Design`).
+    claims: HashMap<PathId, DatagramAllowance>,
 }
 
 impl Shared {
@@ -715,7 +730,14 @@ async fn drive(
         let now = Instant::now();
         let (deadline, blocked) = {
             let mut guard = lock(&shared);
-            let blocked = flush(&host.node, peer, id, &mut guard, now.into_std());
+            let blocked = flush(
+                &host.node,
+                peer,
+                id,
+                &mut guard,
+                now.into_std(),
+                host.settings.claim_window,
+            );
             guard.wake_all();
             if guard.dropped {
                 let since = *dropped_at.get_or_insert(now);
@@ -756,6 +778,7 @@ async fn drive(
             }
         }
     }
+    lock(&shared).claims.clear();
     let mut sessions = lock(&host.sessions);
     sessions.remove(&(peer, id));
 }
@@ -795,7 +818,14 @@ fn handle_arrival(shared: &mut Shared, arrival: Arrival, now: std::time::Instant
 }
 
 /// Sends everything the endpoint has to send; returns whether a datagram was refused.
-fn flush(node: &Node, peer: PeerId, id: u64, shared: &mut Shared, now: std::time::Instant) -> bool {
+fn flush(
+    node: &Node,
+    peer: PeerId,
+    id: u64,
+    shared: &mut Shared,
+    now: std::time::Instant,
+    claim_window: bool,
+) -> bool {
     // A close is sent once, best effort: if it is lost, the other end's probes of the path go
     // unanswered and it fails the path by its RTO, as before closes existed.
     for (close, via) in std::mem::take(&mut shared.closes) {
@@ -808,6 +838,9 @@ fn flush(node: &Node, peer: PeerId, id: u64, shared: &mut Shared, now: std::time
             Ok(()) => shared.stats.datagrams_sent += 1,
             Err(_) => shared.stats.send_failed += 1,
         }
+    }
+    if claim_window {
+        claim_windows(node, peer, id, shared);
     }
     // What each path may still hand quinn before its queue there is long enough (see
     // `backlog_room`); a path with no room is blocked until quinn has sent the excess.
@@ -862,6 +895,42 @@ fn flush(node: &Node, peer: PeerId, id: u64, shared: &mut Shared, now: std::time
         }
     }
     false
+}
+
+/// Bytes a full session packet takes in a QUIC packet beyond its payload: the route header (at
+/// most), the data header, and QUIC's short header, datagram frame and AEAD tag (about 30 B).
+const PACKET_OVERHEAD_BYTES: u64 = (RELAYED_HEADER_LEN + codec::DATA_HEADER_LEN + 30) as u64;
+
+/// Claims, on each path's connection, the session's window on that path, so that the
+/// connection's congestion window (meshwire's controller) does not hold back what the
+/// session's own window lets out. A claim on a connection that has been replaced is dropped
+/// and made again on the new one; a removed path's claim is dropped.
+fn claim_windows(node: &Node, peer: PeerId, id: u64, shared: &mut Shared) {
+    let packet_bytes = shared.endpoint.mtu_bytes() as u64 + PACKET_OVERHEAD_BYTES;
+    let windows: HashMap<PathId, f64> = shared
+        .endpoint
+        .sender
+        .paths()
+        .map(|(path, stats)| (path, stats.window_packets))
+        .collect();
+    let Shared { paths, claims, .. } = shared;
+    claims.retain(|path, _| paths.contains_key(path));
+    for (&path, &via) in paths.iter() {
+        let (to, _) = route_header(peer, id, path, via);
+        let Some(cell) = node.datagram_allowance(to) else {
+            claims.remove(&path);
+            continue;
+        };
+        let claim = match claims.get_mut(&path) {
+            Some(claim) if cell.holds(claim) => claim,
+            _ => {
+                claims.insert(path, DatagramAllowance::new(cell));
+                claims.get_mut(&path).expect("just inserted")
+            }
+        };
+        let window = windows.get(&path).copied().unwrap_or(0.0).max(0.0);
+        claim.set((window * packet_bytes as f64) as u64);
+    }
 }
 
 /// Where a datagram of session `id` on `path` goes, and its route header.

@@ -210,6 +210,11 @@ impl Endpoint {
         }
     }
 
+    /// The session payload a data packet carries at most (the settings' `mtu_bytes`).
+    pub fn mtu_bytes(&self) -> usize {
+        self.mtu_bytes
+    }
+
     /// Handles a datagram that arrived on `path`. A close removes the path from both halves (the
     /// sender stops probing it at once); one for a path this end does not have, or numbered no
     /// higher than a packet that came on the path before it, is refused and changes nothing.

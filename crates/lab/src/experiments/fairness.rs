@@ -16,6 +16,11 @@
 //! random order every tick ([`crate::Lab::new_random_order`]) so neither sender is always first
 //! to the queue's free space.
 //!
+//! With `session_1`, flow 1 is a multipath session instead (`meshwire_session::net`, meshwire's
+//! window policy, one direct path to `c`, writing 1 MiB buffers without pause); `c` reads it and
+//! logs each 1 MiB read as a completion of flow 1. `claim_window_1` makes the session claim its
+//! window on its connection (`SessionSettings::claim_window`).
+//!
 //! This is its own kind rather than a `calibration` workload: it has three hosts instead of
 //! calibration's `a` and `b`, a downlink, and runs in virtual time only (the downlink is not
 //! emulated across the processes of `scripts/netns-lab.sh`, which runs calibration).
@@ -48,7 +53,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use meshwire::protocols::DATA;
 use meshwire::Congestion;
+use meshwire_session::net::{SessionHost, SessionSettings};
+use meshwire_session::proto::PathId;
 use serde::Deserialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{CongestionParam, Trial};
 use crate::lab::{clock, Lab};
@@ -86,6 +94,13 @@ pub struct Params {
     pub stagger_ms: u64,
     /// Time after the second flow's start that the measurement leaves out, in milliseconds.
     pub warmup_ms: u64,
+    /// Whether flow 1 is a multipath session (`meshwire_session::net`, meshwire's window policy,
+    /// one direct path) writing without pause instead of 1 MiB messages; its connection still
+    /// runs `congestion_1`, under which the session claims its window on the connection.
+    pub session_1: bool,
+    /// With `session_1`: whether the session claims its window on its connection
+    /// (`SessionSettings::claim_window`).
+    pub claim_window_1: bool,
 }
 
 impl Default for Params {
@@ -99,6 +114,8 @@ impl Default for Params {
             seconds: 30.0,
             stagger_ms: 0,
             warmup_ms: 5000,
+            session_1: false,
+            claim_window_1: false,
         }
     }
 }
@@ -198,12 +215,17 @@ pub fn run(
     let plan = plan(&params, &link).map_err(|reason| trial.failed(reason))?;
     let mut lab = Lab::new_random_order(trial.seed, link, case.duration() + Duration::from_secs(1));
     let completions: SharedLog<Completion> = lab.shared_log("completions");
-    receiver(&mut lab, completions.clone());
+    receiver(&mut lab, completions.clone(), params.session_1);
     let c = lab
         .node_address("c")
         .map_err(|error| ScenarioError::lab(case, error))?;
     let c_id = lab.peer_id("c");
     let controllers = [params.congestion_1, params.congestion_2];
+    let session_1 = params.session_1;
+    let session_settings = SessionSettings {
+        claim_window: params.claim_window_1,
+        ..SessionSettings::default()
+    };
     for (flow, name) in ["a1", "a2"].into_iter().enumerate() {
         let congestion = Congestion::from(controllers[flow]);
         let completions = completions.clone();
@@ -220,7 +242,20 @@ pub fn run(
             node.connect(c, c_id).await?;
             tokio::time::sleep(start.saturating_sub(clock())).await;
             let chunk = Bytes::from(vec![0x5a; 1 << 20]);
-            while clock() < end {
+            let session_flow = flow == 0 && session_1;
+            // The session writes until the flow's end, then keeps its paths until the run ends.
+            let _session = if session_flow {
+                let host = SessionHost::new(&node, session_settings)?;
+                let session = host.open(c_id)?;
+                session.add_direct_path(PathId(0))?;
+                while clock() < end {
+                    (&session).write_all(&chunk).await?;
+                }
+                Some((host, session))
+            } else {
+                None
+            };
+            while !session_flow && clock() < end {
                 if node.send(c_id, DATA, chunk.clone()).await.is_err() {
                     // Between a drop and the redial: the flow keeps trying.
                     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -258,18 +293,44 @@ pub fn run(
         .collect())
 }
 
-/// Host `c`: a node that logs every message's completion by flow.
-fn receiver(lab: &mut Lab, completions: SharedLog<Completion>) {
+/// Host `c`: a node that logs every message's completion by flow, and with `session_1` every
+/// 1 MiB read from flow 1's session as one completion.
+fn receiver(lab: &mut Lab, completions: SharedLog<Completion>, session_1: bool) {
     let senders = [lab.peer_id("a1"), lab.peer_id("a2")];
     lab.host("c", move |context| {
         let completions = completions.clone();
         async move {
             let (node, _) = context.start_node(context.node_config()).await?;
             let mut inbox = node.subscribe(DATA)?;
-            while let Some(message) = inbox.recv().await {
-                if let Some(flow) = senders.iter().position(|peer| *peer == message.from) {
-                    completions.push((flow as u8, message.payload.len() as u64, clock()));
+            let host = if session_1 {
+                Some(SessionHost::new(&node, SessionSettings::default())?)
+            } else {
+                None
+            };
+            let session = async {
+                let Some(host) = &host else {
+                    return std::future::pending().await;
+                };
+                let mut incoming = host.incoming();
+                let Some(mut session) = incoming.recv().await else {
+                    return std::future::pending().await;
+                };
+                let mut buf = vec![0u8; 1 << 20];
+                while session.read_exact(&mut buf).await.is_ok() {
+                    completions.push((0, buf.len() as u64, clock()));
                 }
+                std::future::pending::<()>().await;
+            };
+            let messages = async {
+                while let Some(message) = inbox.recv().await {
+                    if let Some(flow) = senders.iter().position(|peer| *peer == message.from) {
+                        completions.push((flow as u8, message.payload.len() as u64, clock()));
+                    }
+                }
+            };
+            tokio::select! {
+                () = session => {}
+                () = messages => {}
             }
             Ok(())
         }

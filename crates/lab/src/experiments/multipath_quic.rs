@@ -107,6 +107,9 @@ pub struct TransferPlan {
     pub policy: Policy,
     /// QUIC congestion controller of every node.
     pub congestion: meshwire::Congestion,
+    /// Whether the sessions claim their windows on their connections
+    /// (`SessionSettings::claim_window`).
+    pub claim_window: bool,
     /// Virtual time limit.
     pub limit: Duration,
 }
@@ -150,9 +153,10 @@ fn sha256(bytes: &[u8]) -> [u8; 32] {
     meshwire::proto::hash::sha256(&[bytes])
 }
 
-fn settings(policy: Policy) -> SessionSettings {
+fn settings(policy: Policy, claim_window: bool) -> SessionSettings {
     let mut settings = SessionSettings::default();
     settings.session.policy = policy;
+    settings.claim_window = claim_window;
     settings
 }
 
@@ -197,14 +201,14 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
     let expected = sha256(&pattern(plan.bytes));
     {
         let board = board.clone();
-        let (policy, congestion) = (plan.policy, plan.congestion);
+        let (policy, congestion, claim) = (plan.policy, plan.congestion, plan.claim_window);
         lab.host("b", move |context| {
             let board = board.clone();
             async move {
                 let (node, _) = context
                     .start_node(node_config(&context, congestion))
                     .await?;
-                let host = SessionHost::new(&node, settings(policy))?;
+                let host = SessionHost::new(&node, settings(policy, claim))?;
                 board.borrow_mut().receiver = Some(host.clone());
                 let mut incoming = host.incoming();
                 let mut session = incoming.recv().await.ok_or("no session")?;
@@ -239,14 +243,14 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
     let names: Vec<String> = (0..plan.relays.len()).map(|i| format!("r{i}")).collect();
     for name in &names {
         let board = board.clone();
-        let (policy, congestion) = (plan.policy, plan.congestion);
+        let (policy, congestion, claim) = (plan.policy, plan.congestion, plan.claim_window);
         lab.host(name, move |context| {
             let board = board.clone();
             async move {
                 let (node, _) = context
                     .start_node(node_config(&context, congestion))
                     .await?;
-                let host = SessionHost::new(&node, settings(policy))?;
+                let host = SessionHost::new(&node, settings(policy, claim))?;
                 board.borrow_mut().relays.push(host);
                 node.connect(b_address, b).await?;
                 std::future::pending::<()>().await;
@@ -271,7 +275,7 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
             for (r, address) in &relays {
                 node.connect(*address, *r).await?;
             }
-            let host = SessionHost::new(&node, settings(plan.policy))?;
+            let host = SessionHost::new(&node, settings(plan.policy, plan.claim_window))?;
             let session = host.open(b)?;
             session.add_direct_path(DIRECT)?;
             for (index, (r, _)) in relays.iter().enumerate() {
@@ -395,6 +399,10 @@ pub struct Params {
     /// When it is added back, after the first byte is written.
     #[serde(default = "outage_end_default")]
     pub outage_end_ms: u64,
+    /// Whether the sessions claim their windows on their connections
+    /// (`SessionSettings::claim_window`, off by default as there).
+    #[serde(default)]
+    pub claim_window: bool,
 }
 
 fn mib_default() -> u64 {
@@ -558,11 +566,12 @@ pub fn run(
         inject_malformed: false,
         policy,
         congestion,
+        claim_window: params.claim_window,
         limit: case.duration(),
     };
     let outcome = run_transfer(seed, &plan).map_err(|error| ScenarioError::lab(case, error))?;
     // Session payload per datagram: the session MTU (every datagram but the last is full).
-    let host = settings(policy);
+    let host = settings(policy, params.claim_window);
     let payload = host.session.mtu_bytes;
     let floors = path_floors(&plan.direct, &plan.relays, payload);
     // The direct path passes no relay; every relay runs the same settings as this runner's hosts.
