@@ -56,8 +56,11 @@
 //! [`DatagramAllowance`]): the window is then at least the sum of the live claims, within the
 //! configured bandwidth over the path's minimum RTT (nothing before an RTT is measured), so that
 //! quinn's slow start and loss backoff do not hold back what that sender's own window lets out.
-//! Such a sender then governs its own congestion response; the claim is local (no peer can make
-//! one) and is withdrawn when dropped.
+//! Such a sender then governs its own congestion response. The raised window is the whole
+//! connection's: other streams to that peer share it while the claim lasts. A claim is local (no
+//! peer makes one directly; the session's window follows the rate its peer's echoes show, so a
+//! peer can at most push a claim to the cap) and is withdrawn when dropped. `metrics()` still
+//! reports CUBIC's own window.
 //!
 //! Limits: a drop-tail queue too shallow to show in the RTT (a twentieth of a bandwidth-delay
 //! product) that loses under [`LOSS_RATE_CEILING`] looks like random loss, so beside CUBIC there
@@ -111,7 +114,7 @@ impl AllowanceCell {
     }
 }
 
-/// One sender's claim on a connection's congestion window ([`crate::Node::claim_datagram_window`]):
+/// One sender's claim on a connection's congestion window ([`crate::Node::datagram_allowance`]):
 /// the bytes of datagrams it means to keep in flight there by its own window. Dropping the claim
 /// withdraws it.
 #[derive(Debug)]

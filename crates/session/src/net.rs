@@ -14,7 +14,8 @@
 //! is either queued or refused ([`meshwire::DatagramError::BufferFull`]), and a refused one is handed
 //! back to the session as a send error (meshwire's policy resends it, preferably on another path).
 //! quinn's congestion window sits underneath unless the session claims its windows on its
-//! connections ([`SessionSettings::claim_window`], off by default; see the crate's `# Design`).
+//! connections ([`SessionSettings::claim_window`], off by default; see the crate's `# Design`),
+//! which lifts that window to the session's, once an RTT is measured and within a cap.
 //!
 //! Relays: a node forwards only (session, path) pairs it agreed to in a [`RelayRequest`], only
 //! between the two ends named there, only to a peer it is already connected to, one datagram out
@@ -109,12 +110,16 @@ pub struct SessionSettings {
     pub relay: RelayLimits,
     /// How long a dropped session keeps delivering what was written before it gives up.
     pub linger: Duration,
-    /// Whether each path claims the session's own window on its connection
-    /// ([`meshwire::Node::datagram_allowance`]), so that the connection's congestion window
-    /// (meshwire's controller) never holds back what the session's window lets out: the
-    /// session's window policy then alone governs its datagrams. Off by default: the session's
-    /// policy does not back off on loss, and beside a CUBIC flow behind a quarter-BDP queue it
-    /// took nearly all of the bottleneck (`scenarios/fairness.toml`); see the crate's `# Design`.
+    /// Whether each path claims the session's window on its connection while the session has
+    /// data to send and for a second after its last datagram either way
+    /// ([`meshwire::Node::datagram_allowance`]), so that under meshwire's
+    /// controller the connection's congestion window, once an RTT is measured and within the
+    /// configured bandwidth over the path's minimum RTT, does not hold back what the session's
+    /// window lets out: the session's window policy then governs its datagrams. The claim
+    /// raises the window of the whole connection, so other traffic to that peer shares it
+    /// meanwhile. Off by default: the session's policy does not back off on loss, and beside a
+    /// CUBIC flow behind a quarter-BDP queue it took nearly all of the bottleneck
+    /// (`scenarios/fairness.toml`); see the crate's `# Design`.
     pub claim_window: bool,
 }
 
@@ -383,6 +388,7 @@ impl HostInner {
             finished: false,
             dropped: false,
             claims: HashMap::new(),
+            last_activity: None,
         }));
         let wake = Arc::new(Notify::new());
         tokio::spawn(drive(
@@ -484,6 +490,8 @@ struct Shared {
     /// Each path's claim on its connection's congestion window: the session's own window on
     /// the path (see the module's `# Design`).
     claims: HashMap<PathId, DatagramAllowance>,
+    /// When the session last sent or received a datagram.
+    last_activity: Option<std::time::Instant>,
 }
 
 impl Shared {
@@ -747,7 +755,18 @@ async fn drive(
                     break;
                 }
             }
-            (guard.endpoint.poll_timeout(), blocked)
+            // Claims an idle session still holds are looked at again when their grace ends
+            // (`claim_windows`); one with data to send keeps them.
+            let claims_end = (guard.endpoint.sender.is_idle()
+                && guard.claims.values().any(|claim| claim.bytes() > 0))
+            .then_some(guard.last_activity)
+            .flatten()
+            .map(|at| at + CLAIM_IDLE_GRACE);
+            let timeout = match (guard.endpoint.poll_timeout(), claims_end) {
+                (Some(at), Some(end)) => Some(at.min(end)),
+                (at, end) => at.or(end),
+            };
+            (timeout, blocked)
         };
         let deadline = match (deadline.map(Instant::from_std), blocked) {
             (deadline, true) => {
@@ -785,6 +804,7 @@ async fn drive(
 
 fn handle_arrival(shared: &mut Shared, arrival: Arrival, now: std::time::Instant) {
     shared.stats.datagrams_received += 1;
+    shared.last_activity = Some(now);
     match shared.paths.get(&arrival.path) {
         Some(via) if *via == arrival.via => {}
         Some(_) => {
@@ -840,7 +860,7 @@ fn flush(
         }
     }
     if claim_window {
-        claim_windows(node, peer, id, shared);
+        claim_windows(node, peer, id, shared, now);
     }
     // What each path may still hand quinn before its queue there is long enough (see
     // `backlog_room`); a path with no room is blocked until quinn has sent the excess.
@@ -866,6 +886,7 @@ fn flush(
         match node.send_datagram(to, protocols::SESSION_DATAGRAM, datagram) {
             Ok(()) => {
                 shared.stats.datagrams_sent += 1;
+                shared.last_activity = Some(now);
                 if let Some(left) = room.get_mut(&transmit.path) {
                     *left -= len as isize;
                     if *left <= 0 {
@@ -901,16 +922,30 @@ fn flush(
 /// most), the data header, and QUIC's short header, datagram frame and AEAD tag (about 30 B).
 const PACKET_OVERHEAD_BYTES: u64 = (RELAYED_HEADER_LEN + codec::DATA_HEADER_LEN + 30) as u64;
 
+/// How long a session with nothing to send keeps its claims after its last datagram, sent or
+/// received. The receiving end claims too: its acknowledgements (one datagram per data packet)
+/// cross the connection back, and held to quinn's starting window they delayed the sender's
+/// samples (`session-quic`'s `direct+3-relays` with claims: 0.926 of the ideal at seeds 1–3,
+/// 0.691–0.799 when only a sending session claimed).
+const CLAIM_IDLE_GRACE: Duration = Duration::from_secs(1);
+
 /// Claims, on each path's connection, the session's window on that path, so that the
 /// connection's congestion window (meshwire's controller) does not hold back what the
-/// session's own window lets out. A claim on a connection that has been replaced is dropped
-/// and made again on the new one; a removed path's claim is dropped.
-fn claim_windows(node: &Node, peer: PeerId, id: u64, shared: &mut Shared) {
+/// session's own window lets out, nor the other end's acknowledgements. A session claims while
+/// it has data to send and for [`CLAIM_IDLE_GRACE`] after its last datagram either way; then
+/// nothing. A claim on a connection that has been replaced is dropped and made again on the
+/// new one; a removed path's claim is dropped.
+fn claim_windows(node: &Node, peer: PeerId, id: u64, shared: &mut Shared, now: std::time::Instant) {
     let packet_bytes = shared.endpoint.mtu_bytes() as u64 + PACKET_OVERHEAD_BYTES;
+    let active = !shared.endpoint.sender.is_idle()
+        || shared
+            .last_activity
+            .is_some_and(|at| now.saturating_duration_since(at) < CLAIM_IDLE_GRACE);
     let windows: HashMap<PathId, f64> = shared
         .endpoint
         .sender
         .paths()
+        .filter(|_| active)
         .map(|(path, stats)| (path, stats.window_packets))
         .collect();
     let Shared { paths, claims, .. } = shared;

@@ -95,8 +95,8 @@ pub struct Params {
     /// Time after the second flow's start that the measurement leaves out, in milliseconds.
     pub warmup_ms: u64,
     /// Whether flow 1 is a multipath session (`meshwire_session::net`, meshwire's window policy,
-    /// one direct path) writing without pause instead of 1 MiB messages; its connection still
-    /// runs `congestion_1`, under which the session claims its window on the connection.
+    /// one direct path) writing without pause instead of 1 MiB messages; its node still runs
+    /// `congestion_1`.
     pub session_1: bool,
     /// With `session_1`: whether the session claims its window on its connection
     /// (`SessionSettings::claim_window`).
