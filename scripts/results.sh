@@ -7,19 +7,30 @@
 # Cost on a 2-core machine (release build, after the build): scenarios and sweeps about 20 min
 # (ic-gossip the longest; each sweep file states its own cost), benchmarks about 8 min.
 # The benchmarks measure wall-clock speed: run them on an otherwise idle machine.
-# `--benchmarks-only` keeps the page's lab part as it is and reruns the benchmarks after it.
+# `--benchmarks-only` keeps the page's lab part as it is and reruns the benchmarks after it;
+# `--lab-only` reruns the lab part and keeps the page's benchmark sections as they are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+marker='## wire::fanout (criterion)'
+line=$(grep -nF "$marker" docs/RESULTS.md 2>/dev/null | head -1 | cut -d: -f1 || true)
+case "${1:-}" in
+  --benchmarks-only | --lab-only)
+    if [ -z "$line" ]; then
+      echo "docs/RESULTS.md has no '$marker' section: run without $1" >&2
+      exit 1
+    fi
+    ;;
+esac
 if [ "${1:-}" = "--benchmarks-only" ]; then
-  marker='## wire::fanout (criterion)'
-  line=$(grep -nF "$marker" docs/RESULTS.md | head -1 | cut -d: -f1)
-  if [ -z "$line" ]; then
-    echo "docs/RESULTS.md has no '$marker' section to replace: run without --benchmarks-only" >&2
-    exit 1
-  fi
   head -n "$((line - 1))" docs/RESULTS.md >docs/RESULTS.md.lab
   mv docs/RESULTS.md.lab docs/RESULTS.md
+elif [ "${1:-}" = "--lab-only" ]; then
+  tail -n "+$line" docs/RESULTS.md >docs/RESULTS.md.benchmarks
+  cargo run --release --quiet --bin meshwire -- lab results --out docs/RESULTS.md
+  cat docs/RESULTS.md.benchmarks >>docs/RESULTS.md
+  rm docs/RESULTS.md.benchmarks
+  exit 0
 else
   cargo run --release --quiet --bin meshwire -- lab results --out docs/RESULTS.md
 fi
