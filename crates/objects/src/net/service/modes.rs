@@ -6,12 +6,23 @@ use std::time::Duration;
 
 use crate::net::store::StoredObject;
 use crate::proto::object::{FetchMode, Stamp};
+use crate::proto::quorum::CONFIDENCE;
 
 use super::{lock, now};
 
 /// Requests made closer together than this are made at once (one pass of the plan), not one as
 /// a hedge for the other.
 const HEDGE_GAP: Duration = Duration::from_millis(1);
+
+/// Whom a request of a quorum fetch goes to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Asked {
+    /// This node itself.
+    Local,
+    /// A replica that answers in time with probability `timely`; `idle` when no request of this
+    /// node is out to it.
+    Replica { timely: f64, idle: bool },
+}
 
 /// Which mode each request of one quorum fetch asks in.
 #[derive(Debug)]
@@ -40,6 +51,9 @@ pub(super) struct OneFull {
     content: tokio::sync::watch::Sender<Option<StoredObject>>,
     /// When the content was last asked for.
     full_sent: Option<std::time::Instant>,
+    /// The chance that none of the requests asking for the content so far answers in time,
+    /// each by its replica's timeliness.
+    miss: f64,
 }
 
 impl Modes {
@@ -48,8 +62,10 @@ impl Modes {
     /// every read's content): a plan that asks more replicas than its quorum (at first, while it
     /// cannot tell which are slow) expects some not to answer in time, and the content should
     /// not wait on one of those. None when this node is a candidate (its own copy is read once
-    /// the quorum's winner is known). A later request (a hedge for a late one) also asks for the content while none has
-    /// arrived.
+    /// the quorum's winner is known). A later request (a hedge for a late one) also asks for the
+    /// content while none has arrived, and so does any request to an idle replica while the
+    /// chance that every replica asked for it so far is late is above 1 − [`CONFIDENCE`] (by
+    /// each replica's timeliness: before any answer, every replica is a stranger at even odds).
     ///
     /// With `stream` (a read that streams its content to its client), those requests ask for
     /// the content only if it is small ([`FetchMode::FullIfSmall`]): a larger one is fetched
@@ -66,17 +82,18 @@ impl Modes {
             quorum: quorum.max(1),
             content: tokio::sync::watch::Sender::new(None),
             full_sent: None,
+            miss: 1.0,
         }))
     }
 
-    /// The mode of the next request, to this node itself if `local`.
-    pub(super) fn next(&self, local: bool) -> FetchMode {
-        match self {
-            Self::All(mode) => *mode,
+    /// The mode of the next request, to `to`.
+    pub(super) fn next(&self, to: Asked) -> FetchMode {
+        match (self, to) {
+            (Self::All(mode), _) => *mode,
             // This node's content is read once the quorum's winner is known, and only if it is
             // the winner's (a read streams it from its content file).
-            Self::OneFull(_) if local => FetchMode::Metadata,
-            Self::OneFull(state) => {
+            (Self::OneFull(_), Asked::Local) => FetchMode::Metadata,
+            (Self::OneFull(state), Asked::Replica { timely, idle }) => {
                 let mut state = lock(state);
                 let index = state.asked;
                 state.asked += 1;
@@ -89,7 +106,17 @@ impl Modes {
                     && state
                         .full_sent
                         .is_some_and(|sent| at.saturating_duration_since(sent) >= HEDGE_GAP);
-                if in_turn || hedge {
+                // While the replicas asked for the content so far may well all be late
+                // (strangers, before any has answered), the next one asks for it too if it owes
+                // this node no answer: the content must come with the quorum, not a round trip
+                // after it, and an idle replica's copy leaves at once, in its connection's first
+                // window, delaying no other answer of it.
+                let uncertain = state.full_at != usize::MAX
+                    && idle
+                    && index >= state.full_at
+                    && state.miss > 1.0 - CONFIDENCE;
+                if in_turn || hedge || uncertain {
+                    state.miss *= 1.0 - timely.clamp(0.0, 1.0);
                     state.full_sent = Some(at);
                     state.full
                 } else {
@@ -144,6 +171,12 @@ mod tests {
     use crate::proto::object;
     use bytes::Bytes;
 
+    /// A replica known to answer in time, with requests of this node out to it.
+    const KNOWN: Asked = Asked::Replica {
+        timely: 1.0,
+        idle: false,
+    };
+
     fn copy(version: u64, content: &'static [u8]) -> StoredObject {
         StoredObject {
             stamp: Stamp {
@@ -158,33 +191,66 @@ mod tests {
     async fn one_request_in_every_quorum_asks_for_the_content_and_a_later_hedge_too() {
         let modes = Modes::one_full(1, 3, false);
         // The plan's first pass: seven requests at one instant.
-        let first: Vec<FetchMode> = (0..7).map(|_| modes.next(false)).collect();
+        let first: Vec<FetchMode> = (0..7).map(|_| modes.next(KNOWN)).collect();
         use FetchMode::{Full, Metadata};
         assert_eq!(
             first,
             [Metadata, Full, Metadata, Metadata, Full, Metadata, Metadata]
         );
         // This node answers itself with version and hash, whatever its turn.
-        assert_eq!(modes.next(true), Metadata);
+        assert_eq!(modes.next(Asked::Local), Metadata);
         // A request made later is a hedge for a late one: it asks for the content while none
         // has arrived...
         tokio::time::advance(Duration::from_millis(300)).await;
-        assert_eq!(modes.next(false), Full);
+        assert_eq!(modes.next(KNOWN), Full);
         // ...but not once it has.
         modes.content_received(copy(1, b"v1"));
         tokio::time::advance(Duration::from_millis(300)).await;
-        assert_eq!(modes.next(false), Metadata);
+        assert_eq!(modes.next(KNOWN), Metadata);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_strangers_ask_for_the_content_until_one_of_them_is_likely_in_time() {
+        use FetchMode::{Full, Metadata};
+        let stranger = Asked::Replica {
+            timely: 0.5,
+            idle: true,
+        };
+        let modes = Modes::one_full(1, 3, false);
+        // Before its turn nobody asks for it; from then on, each stranger at even odds does
+        // until the chance that all of them are late is at most 1 - CONFIDENCE: seven of them.
+        let first: Vec<FetchMode> = (0..10).map(|_| modes.next(stranger)).collect();
+        assert_eq!(
+            first,
+            [Metadata, Full, Full, Full, Full, Full, Full, Full, Metadata, Metadata]
+        );
+        // A replica that already owes this node an answer is asked only in its turn.
+        let busy = Asked::Replica {
+            timely: 0.5,
+            idle: false,
+        };
+        let modes = Modes::one_full(0, 3, false);
+        let first: Vec<FetchMode> = (0..4).map(|_| modes.next(busy)).collect();
+        assert_eq!(first, [Full, Metadata, Metadata, Full]);
+        // One replica known to be timely is enough.
+        let modes = Modes::one_full(0, 3, false);
+        let timely = Asked::Replica {
+            timely: 0.995,
+            idle: true,
+        };
+        let first: Vec<FetchMode> = (0..3).map(|_| modes.next(timely)).collect();
+        assert_eq!(first, [Full, Metadata, Metadata]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_node_that_is_a_candidate_asks_no_one_else_for_the_content() {
         let modes = Modes::one_full(usize::MAX, 2, false);
-        assert_eq!(modes.next(true), FetchMode::Metadata);
+        assert_eq!(modes.next(Asked::Local), FetchMode::Metadata);
         for _ in 0..4 {
-            assert_eq!(modes.next(false), FetchMode::Metadata);
+            assert_eq!(modes.next(KNOWN), FetchMode::Metadata);
         }
         tokio::time::advance(Duration::from_millis(300)).await;
-        assert_eq!(modes.next(false), FetchMode::Metadata);
+        assert_eq!(modes.next(KNOWN), FetchMode::Metadata);
     }
 
     #[tokio::test(start_paused = true)]
@@ -209,7 +275,7 @@ mod tests {
         );
         // Every request of a fetch in one mode leaves nothing to wait for.
         let all = Modes::All(FetchMode::Full);
-        assert_eq!(all.next(false), FetchMode::Full);
+        assert_eq!(all.next(KNOWN), FetchMode::Full);
         assert!(
             tokio::time::timeout(Duration::from_secs(1), all.carried(new.stamp))
                 .await

@@ -122,8 +122,10 @@ impl ObjectService {
     /// Reads `key` from `candidates` under `config`: the plan's requests ask for the version and
     /// hash, except one in every `quorum` of them (the first drawn at random below `quorum`,
     /// so that no one replica carries every read's content), which ask for the content too, as
-    /// does a later request (a hedge for a late one) while no content has arrived; none when
-    /// this node is a candidate (it holds its own copy). The copies are merged, and the winner's
+    /// does a later request (a hedge for a late one) while no content has arrived, and a request
+    /// to a replica that owes this node no answer while the replicas asked for the content may
+    /// well all be late (the first reads, when every replica is a stranger); none when this
+    /// node is a candidate (it holds its own copy). The copies are merged, and the winner's
     /// content comes from an answer that carried it; only when none did (those replicas were
     /// late, failed or held another version) is it fetched afterwards, from this node's store or
     /// one of the winner's holders, raced against the content requests still in flight.
