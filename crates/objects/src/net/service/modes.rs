@@ -54,6 +54,9 @@ pub(super) struct OneFull {
     /// The chance that none of the requests asking for the content so far answers in time,
     /// each by its replica's timeliness.
     miss: f64,
+    /// Whether the fetch has more candidates than its quorum, so that it may end without
+    /// waiting for one of the replicas asked for the content.
+    may_skip: bool,
 }
 
 impl Modes {
@@ -65,12 +68,14 @@ impl Modes {
     /// the quorum's winner is known). A later request (a hedge for a late one) also asks for the
     /// content while none has arrived, and so does any request to an idle replica while the
     /// chance that every replica asked for it so far is late is above 1 − [`CONFIDENCE`] (by
-    /// each replica's timeliness: before any answer, every replica is a stranger at even odds).
+    /// each replica's timeliness: before any answer, every replica is a stranger at even odds),
+    /// if there are more `candidates` than the quorum (when every candidate must answer, the
+    /// content comes with the quorum from whichever replica carries it).
     ///
     /// With `stream` (a read that streams its content to its client), those requests ask for
     /// the content only if it is small ([`FetchMode::FullIfSmall`]): a larger one is fetched
     /// once the winner is known, as a stream, so that the read never holds it whole.
-    pub(super) fn one_full(full_at: usize, quorum: usize, stream: bool) -> Self {
+    pub(super) fn one_full(full_at: usize, quorum: usize, candidates: usize, stream: bool) -> Self {
         Self::OneFull(Mutex::new(OneFull {
             full: if stream {
                 FetchMode::FullIfSmall
@@ -83,6 +88,7 @@ impl Modes {
             content: tokio::sync::watch::Sender::new(None),
             full_sent: None,
             miss: 1.0,
+            may_skip: candidates > quorum.max(1),
         }))
     }
 
@@ -112,6 +118,7 @@ impl Modes {
                 // after it, and an idle replica's copy leaves at once, in its connection's first
                 // window, delaying no other answer of it.
                 let uncertain = state.full_at != usize::MAX
+                    && state.may_skip
                     && idle
                     && index >= state.full_at
                     && state.miss > 1.0 - CONFIDENCE;
@@ -189,7 +196,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn one_request_in_every_quorum_asks_for_the_content_and_a_later_hedge_too() {
-        let modes = Modes::one_full(1, 3, false);
+        let modes = Modes::one_full(1, 3, 10, false);
         // The plan's first pass: seven requests at one instant.
         let first: Vec<FetchMode> = (0..7).map(|_| modes.next(KNOWN)).collect();
         use FetchMode::{Full, Metadata};
@@ -216,7 +223,7 @@ mod tests {
             timely: 0.5,
             idle: true,
         };
-        let modes = Modes::one_full(1, 3, false);
+        let modes = Modes::one_full(1, 3, 10, false);
         // Before its turn nobody asks for it; from then on, each stranger at even odds does
         // until the chance that all of them are late is at most 1 - CONFIDENCE: seven of them.
         let first: Vec<FetchMode> = (0..10).map(|_| modes.next(stranger)).collect();
@@ -229,11 +236,16 @@ mod tests {
             timely: 0.5,
             idle: false,
         };
-        let modes = Modes::one_full(0, 3, false);
+        let modes = Modes::one_full(0, 3, 10, false);
         let first: Vec<FetchMode> = (0..4).map(|_| modes.next(busy)).collect();
         assert_eq!(first, [Full, Metadata, Metadata, Full]);
+        // When every candidate must answer, whichever carries the content answers with the
+        // quorum: one in every quorum is enough, strangers or not.
+        let modes = Modes::one_full(0, 3, 3, false);
+        let first: Vec<FetchMode> = (0..3).map(|_| modes.next(stranger)).collect();
+        assert_eq!(first, [Full, Metadata, Metadata]);
         // One replica known to be timely is enough.
-        let modes = Modes::one_full(0, 3, false);
+        let modes = Modes::one_full(0, 3, 10, false);
         let timely = Asked::Replica {
             timely: 0.995,
             idle: true,
@@ -244,7 +256,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_node_that_is_a_candidate_asks_no_one_else_for_the_content() {
-        let modes = Modes::one_full(usize::MAX, 2, false);
+        let modes = Modes::one_full(usize::MAX, 2, 10, false);
         assert_eq!(modes.next(Asked::Local), FetchMode::Metadata);
         for _ in 0..4 {
             assert_eq!(modes.next(KNOWN), FetchMode::Metadata);
@@ -255,7 +267,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_newest_content_is_kept_and_waited_for() {
-        let modes = Modes::one_full(0, 2, false);
+        let modes = Modes::one_full(0, 2, 10, false);
         let new = copy(2, b"new");
         modes.content_received(new.clone());
         modes.content_received(copy(1, b"old"));

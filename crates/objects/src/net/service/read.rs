@@ -177,7 +177,7 @@ impl ObjectService {
         } else {
             lock(&self.inner.rng).random_range(0..quorum)
         };
-        let modes = Arc::new(Modes::one_full(full_at, quorum, stream));
+        let modes = Arc::new(Modes::one_full(full_at, quorum, candidates.len(), stream));
         let result = self
             .fetch_in(candidates, key, modes.clone(), config)
             .await?;
