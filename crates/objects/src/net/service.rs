@@ -86,7 +86,7 @@ pub use drive::ReplicaError;
 use drive::{drive, now, Leftover};
 pub use entropy::{RoundReport, IN_FLIGHT, MAX_TRANSFER_BYTES, PULL_BATCH};
 use metrics::{DirectionLabel, ObjectMetrics, OutcomeLabel, ReasonLabel};
-use modes::{Asked, Modes};
+use modes::{Modes, Odds};
 pub use streamed::{ObjectWriter, ReadBody, RemoteContent, RemoteContentError, PIECE_BYTES};
 
 /// Settings of the object service.
@@ -787,16 +787,13 @@ impl ObjectService {
         let key_owned = key.to_string();
         let ask = move |peer: PeerId| {
             let service = service.clone();
-            let to = if peer == me {
-                Asked::Local
-            } else {
+            let mode = modes.next(peer == me, || {
                 let scores = lock(&service.inner.scores);
-                Asked::Replica {
+                Odds {
                     timely: scores.timely(peer),
                     idle: scores.oldest_outstanding(peer, drive::now()).is_none(),
                 }
-            };
-            let mode = modes.next(to);
+            });
             let request = requests[match mode {
                 FetchMode::Metadata => 0,
                 FetchMode::Full => 1,

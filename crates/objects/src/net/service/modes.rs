@@ -14,14 +14,13 @@ use super::{lock, now};
 /// a hedge for the other.
 const HEDGE_GAP: Duration = Duration::from_millis(1);
 
-/// Whom a request of a quorum fetch goes to.
+/// What this node knows of a replica a request goes to.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) enum Asked {
-    /// This node itself.
-    Local,
-    /// A replica that answers in time with probability `timely`; `idle` when no request of this
-    /// node is out to it.
-    Replica { timely: f64, idle: bool },
+pub(super) struct Odds {
+    /// The probability that it answers in time.
+    pub(super) timely: f64,
+    /// Whether no request of this node is out to it.
+    pub(super) idle: bool,
 }
 
 /// Which mode each request of one quorum fetch asks in.
@@ -92,14 +91,15 @@ impl Modes {
         }))
     }
 
-    /// The mode of the next request, to `to`.
-    pub(super) fn next(&self, to: Asked) -> FetchMode {
-        match (self, to) {
-            (Self::All(mode), _) => *mode,
+    /// The mode of the next request, to this node itself if `local`, else to a replica whose
+    /// [`Odds`] are looked up only if the mode depends on them.
+    pub(super) fn next(&self, local: bool, odds: impl FnOnce() -> Odds) -> FetchMode {
+        match self {
+            Self::All(mode) => *mode,
             // This node's content is read once the quorum's winner is known, and only if it is
             // the winner's (a read streams it from its content file).
-            (Self::OneFull(_), Asked::Local) => FetchMode::Metadata,
-            (Self::OneFull(state), Asked::Replica { timely, idle }) => {
+            Self::OneFull(_) if local => FetchMode::Metadata,
+            Self::OneFull(state) => {
                 let mut state = lock(state);
                 let index = state.asked;
                 state.asked += 1;
@@ -117,13 +117,14 @@ impl Modes {
                 // this node no answer: the content must come with the quorum, not a round trip
                 // after it, and an idle replica's copy leaves at once, in its connection's first
                 // window, delaying no other answer of it.
-                let uncertain = state.full_at != usize::MAX
-                    && state.may_skip
-                    && idle
-                    && index >= state.full_at
-                    && state.miss > 1.0 - CONFIDENCE;
+                let odds = (state.full_at != usize::MAX && state.may_skip).then(odds);
+                let uncertain = odds.is_some_and(|odds| {
+                    odds.idle && index >= state.full_at && state.miss > 1.0 - CONFIDENCE
+                });
                 if in_turn || hedge || uncertain {
-                    state.miss *= 1.0 - timely.clamp(0.0, 1.0);
+                    if let Some(odds) = odds {
+                        state.miss *= 1.0 - odds.timely.clamp(0.0, 1.0);
+                    }
                     state.full_sent = Some(at);
                     state.full
                 } else {
@@ -179,10 +180,12 @@ mod tests {
     use bytes::Bytes;
 
     /// A replica known to answer in time, with requests of this node out to it.
-    const KNOWN: Asked = Asked::Replica {
-        timely: 1.0,
-        idle: false,
-    };
+    fn known() -> Odds {
+        Odds {
+            timely: 1.0,
+            idle: false,
+        }
+    }
 
     fn copy(version: u64, content: &'static [u8]) -> StoredObject {
         StoredObject {
@@ -198,71 +201,71 @@ mod tests {
     async fn one_request_in_every_quorum_asks_for_the_content_and_a_later_hedge_too() {
         let modes = Modes::one_full(1, 3, 10, false);
         // The plan's first pass: seven requests at one instant.
-        let first: Vec<FetchMode> = (0..7).map(|_| modes.next(KNOWN)).collect();
+        let first: Vec<FetchMode> = (0..7).map(|_| modes.next(false, known)).collect();
         use FetchMode::{Full, Metadata};
         assert_eq!(
             first,
             [Metadata, Full, Metadata, Metadata, Full, Metadata, Metadata]
         );
         // This node answers itself with version and hash, whatever its turn.
-        assert_eq!(modes.next(Asked::Local), Metadata);
+        assert_eq!(modes.next(true, known), Metadata);
         // A request made later is a hedge for a late one: it asks for the content while none
         // has arrived...
         tokio::time::advance(Duration::from_millis(300)).await;
-        assert_eq!(modes.next(KNOWN), Full);
+        assert_eq!(modes.next(false, known), Full);
         // ...but not once it has.
         modes.content_received(copy(1, b"v1"));
         tokio::time::advance(Duration::from_millis(300)).await;
-        assert_eq!(modes.next(KNOWN), Metadata);
+        assert_eq!(modes.next(false, known), Metadata);
     }
 
     #[tokio::test(start_paused = true)]
     async fn idle_strangers_ask_for_the_content_until_one_of_them_is_likely_in_time() {
         use FetchMode::{Full, Metadata};
-        let stranger = Asked::Replica {
+        let stranger = || Odds {
             timely: 0.5,
             idle: true,
         };
         let modes = Modes::one_full(1, 3, 10, false);
         // Before its turn nobody asks for it; from then on, each stranger at even odds does
         // until the chance that all of them are late is at most 1 - CONFIDENCE: seven of them.
-        let first: Vec<FetchMode> = (0..10).map(|_| modes.next(stranger)).collect();
+        let first: Vec<FetchMode> = (0..10).map(|_| modes.next(false, stranger)).collect();
         assert_eq!(
             first,
             [Metadata, Full, Full, Full, Full, Full, Full, Full, Metadata, Metadata]
         );
         // A replica that already owes this node an answer is asked only in its turn.
-        let busy = Asked::Replica {
+        let busy = || Odds {
             timely: 0.5,
             idle: false,
         };
         let modes = Modes::one_full(0, 3, 10, false);
-        let first: Vec<FetchMode> = (0..4).map(|_| modes.next(busy)).collect();
+        let first: Vec<FetchMode> = (0..4).map(|_| modes.next(false, busy)).collect();
         assert_eq!(first, [Full, Metadata, Metadata, Full]);
         // When every candidate must answer, whichever carries the content answers with the
         // quorum: one in every quorum is enough, strangers or not.
         let modes = Modes::one_full(0, 3, 3, false);
-        let first: Vec<FetchMode> = (0..3).map(|_| modes.next(stranger)).collect();
+        let first: Vec<FetchMode> = (0..3).map(|_| modes.next(false, stranger)).collect();
         assert_eq!(first, [Full, Metadata, Metadata]);
         // One replica known to be timely is enough.
         let modes = Modes::one_full(0, 3, 10, false);
-        let timely = Asked::Replica {
+        let timely = || Odds {
             timely: 0.995,
             idle: true,
         };
-        let first: Vec<FetchMode> = (0..3).map(|_| modes.next(timely)).collect();
+        let first: Vec<FetchMode> = (0..3).map(|_| modes.next(false, timely)).collect();
         assert_eq!(first, [Full, Metadata, Metadata]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_node_that_is_a_candidate_asks_no_one_else_for_the_content() {
         let modes = Modes::one_full(usize::MAX, 2, 10, false);
-        assert_eq!(modes.next(Asked::Local), FetchMode::Metadata);
+        assert_eq!(modes.next(true, known), FetchMode::Metadata);
         for _ in 0..4 {
-            assert_eq!(modes.next(KNOWN), FetchMode::Metadata);
+            assert_eq!(modes.next(false, known), FetchMode::Metadata);
         }
         tokio::time::advance(Duration::from_millis(300)).await;
-        assert_eq!(modes.next(KNOWN), FetchMode::Metadata);
+        assert_eq!(modes.next(false, known), FetchMode::Metadata);
     }
 
     #[tokio::test(start_paused = true)]
@@ -287,7 +290,7 @@ mod tests {
         );
         // Every request of a fetch in one mode leaves nothing to wait for.
         let all = Modes::All(FetchMode::Full);
-        assert_eq!(all.next(KNOWN), FetchMode::Full);
+        assert_eq!(all.next(false, known), FetchMode::Full);
         assert!(
             tokio::time::timeout(Duration::from_secs(1), all.carried(new.stamp))
                 .await
