@@ -274,8 +274,11 @@
 //!   - **A relay's token bucket.** A path faster than its relay's bucket ([`net::RelayLimits`])
 //!     loses what the bucket drops (counted in `HostStats::relay_rate_limited`); the session's
 //!     loss estimate on it rose to 0.95 and the path was left idle (seed 1, case 6). The
-//!     session's ACKs (up to 584 B each on a relayed path, one per data packet) spend about a
-//!     third of the bucket.
+//!     session's ACKs (one per data packet) spent about a third of the bucket while they were
+//!     fixed-width (up to 584 B relayed); as varints ([`proto::codec`]) a full ACK takes a fifth
+//!     of that, and case 6 went from 0.577 s to 0.433 s (floor 0.187 s), its relay drops from
+//!     2,386 to 1,386. What is left there: losses free the window at once and go out again at
+//!     the link's rate, and the windowed-maximum rate holds the bucket's burst rate.
 //!
 //!   On lossy paths CUBIC reads random loss as congestion and holds the connection near the Mathis
 //!   limit (≈ 1.2 × MSS / (RTT √p) ≈ 0.13 MB/s at 100 ms and 1 %), whatever the session's window; the
