@@ -40,7 +40,7 @@ use crate::proto::relay::{RelayError, RelayTable};
 use crate::proto::route::{
     RelayOp, RelayReply, RelayRequest, Route, RouteError, RouteHeader, RELAYED_HEADER_LEN,
 };
-use crate::proto::{Endpoint, PathId, Policy, SessionConfig, SessionError, Transmit};
+use crate::proto::{Endpoint, PathId, Policy, SessionConfig, SessionError};
 use bytes::Bytes;
 use meshwire_proto::PeerId;
 use rand::rngs::SmallRng;
@@ -379,7 +379,6 @@ impl HostInner {
         let shared = Arc::new(Mutex::new(Shared {
             endpoint: Endpoint::new(self.settings.session),
             paths: BTreeMap::new(),
-            closes: Vec::new(),
             learns_paths,
             read_waker: None,
             write_wakers: Vec::new(),
@@ -478,8 +477,6 @@ impl HostInner {
 struct Shared {
     endpoint: Endpoint,
     paths: BTreeMap<PathId, Via>,
-    /// Closes of paths this end removed, still to send on the route the path took.
-    closes: Vec<(Transmit, Via)>,
     learns_paths: bool,
     read_waker: Option<Waker>,
     write_wakers: Vec<Waker>,
@@ -613,19 +610,34 @@ impl Session {
     }
 
     /// Removes a path: what it carried goes again on the others, the other end is told to stop
-    /// sending and probing on it (a close on the path itself), and a relay is told to stop.
+    /// sending and probing on it (a close on the path itself), and a relay is told to stop (one
+    /// round trip to it later, so the close passes first).
     pub async fn remove_path(&self, path: PathId) -> Result<(), SessionHostError> {
         let via = {
             let mut shared = lock(&self.shared);
             let close = shared.endpoint.close_path(path);
             let via = shared.paths.remove(&path);
             if let (Some(close), Some(via)) = (close, via) {
-                shared.closes.push((close, via));
+                driver::send_close(
+                    &self.host.node,
+                    self.peer,
+                    self.id,
+                    &mut shared,
+                    &close,
+                    via,
+                );
             }
             via
         };
         self.wake.notify_one();
         if let Some(Via::Relay(relay)) = via {
+            // The relay takes datagrams and requests on separate queues, so a close sent just
+            // before the request can still be forwarded after the agreement is gone (and the
+            // other end then probes the path until its RTO). A round trip to the relay first
+            // lets the close through.
+            if let Some(rtt) = self.host.node.rtt_to(relay) {
+                tokio::time::sleep(rtt).await;
+            }
             self.relay_op(RelayOp::Close, path, relay).await?;
         }
         Ok(())

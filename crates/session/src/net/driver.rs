@@ -16,7 +16,7 @@ use super::backlog::{backlog_room, BUFFER_FULL_BACKOFF};
 use super::{lock, Arrival, HostInner, Shared, Via};
 use crate::proto::codec;
 use crate::proto::route::{Route, RouteHeader, RELAYED_HEADER_LEN};
-use crate::proto::{Handled, PathId};
+use crate::proto::{Handled, PathId, Transmit};
 
 /// Runs one session: sends what the endpoint emits, feeds it arrivals and timers.
 pub(super) async fn drive(
@@ -141,19 +141,6 @@ fn flush(
     now: std::time::Instant,
     claim_window: bool,
 ) -> bool {
-    // A close is sent once, best effort: if it is lost, the other end's probes of the path go
-    // unanswered and it fails the path by its RTO, as before closes existed.
-    for (close, via) in std::mem::take(&mut shared.closes) {
-        let (to, header) = route_header(peer, id, close.path, via);
-        match node.send_datagram(
-            to,
-            protocols::SESSION_DATAGRAM,
-            header.encode_with(&close.payload),
-        ) {
-            Ok(()) => shared.stats.datagrams_sent += 1,
-            Err(_) => shared.stats.send_failed += 1,
-        }
-    }
     if claim_window {
         claim_windows(node, peer, id, shared, now);
     }
@@ -211,6 +198,30 @@ fn flush(
         }
     }
     false
+}
+
+/// Sends the close of a path this end removed, on the route the path took, at once: a relayed
+/// path's relay forgets the path when asked next, and a close handed to quinn first leaves in the
+/// same packet as that request or an earlier one (quinn writes datagrams before stream data). A
+/// close is sent once, best effort: if it is lost, the other end's probes of the path go
+/// unanswered and it fails the path by its RTO, as before closes existed.
+pub(super) fn send_close(
+    node: &Node,
+    peer: PeerId,
+    id: u64,
+    shared: &mut Shared,
+    close: &Transmit,
+    via: Via,
+) {
+    let (to, header) = route_header(peer, id, close.path, via);
+    match node.send_datagram(
+        to,
+        protocols::SESSION_DATAGRAM,
+        header.encode_with(&close.payload),
+    ) {
+        Ok(()) => shared.stats.datagrams_sent += 1,
+        Err(_) => shared.stats.send_failed += 1,
+    }
 }
 
 /// Bytes a full session packet takes in a QUIC packet beyond its payload: the route header (at
