@@ -1,5 +1,7 @@
 //! Read whole frames from QUIC streams, growing buffers only as bytes arrive.
 
+use std::future::Future;
+
 use bytes::{Bytes, BytesMut};
 use meshwire_proto::wire::{self, Frame, FrameHeader, Limits, WireError, FRAME_HEADER_LEN};
 use quinn::{ReadError, ReadExactError, RecvStream};
@@ -90,6 +92,16 @@ pub(crate) async fn read_bytes(recv: &mut RecvStream, len: usize) -> Result<Byte
         }
     }
     Ok(body.freeze())
+}
+
+/// Reads the stream's end if it has already arrived, without waiting. quinn answers a stream
+/// dropped before its end was read with STOP_SENDING even when the peer's FIN is already in
+/// (quinn-proto's `Recv::stop` says as much), so every request and every response whose frame was
+/// read whole cost the other end a frame and a packet. A stream whose end has not arrived, or
+/// that holds more than the frame, is still stopped when dropped.
+pub(crate) fn read_end_if_arrived(recv: &mut RecvStream) {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let _ = std::pin::pin!(recv.read_chunk(1, true)).poll(&mut cx);
 }
 
 /// A short, stable name for a wire error, used as a metric label.

@@ -415,6 +415,13 @@ impl Node {
         Some(connection.rtt())
     }
 
+    /// quinn's counters of the live connection to `peer` (packets, frames by type, bytes, path
+    /// estimates), `None` when not connected.
+    pub fn connection_stats(&self, peer: PeerId) -> Option<quinn::ConnectionStats> {
+        let (connection, _) = self.inner.current(peer)?;
+        Some(connection.stats())
+    }
+
     /// A snapshot of every known peer, sorted by id.
     pub fn peers(&self) -> Vec<PeerStatus> {
         let peers = lock(&self.inner.peers);

@@ -207,6 +207,28 @@ async fn requests_get_responses_remote_errors_and_refusals() {
 }
 
 #[tokio::test]
+async fn requests_read_whole_stop_no_stream() {
+    // Each end reads a frame whose stream's end has arrived with it; neither asks the other to
+    // stop sending on such a stream (a STOP_SENDING frame per request each way, before).
+    let a = start(1);
+    let b = start(2);
+    b.handle(ECHO, |_, body: Bytes| async move { Ok(body) })
+        .unwrap();
+    connect(&a, &b).await;
+    for index in 0..100u32 {
+        let body = Bytes::from(index.to_le_bytes().to_vec());
+        let echoed = a
+            .request(b.peer_id(), ECHO, body.clone(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(echoed, body);
+    }
+    let sent = |node: &Node, peer| node.connection_stats(peer).unwrap().frame_tx.stop_sending;
+    assert_eq!(sent(&a, b.peer_id()), 0);
+    assert_eq!(sent(&b, a.peer_id()), 0);
+}
+
+#[tokio::test]
 async fn a_request_past_its_deadline_times_out() {
     let a = start(1);
     let b = start(2);

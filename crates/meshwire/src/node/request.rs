@@ -12,7 +12,7 @@ use quinn::{Connection, ConnectionError, ReadError, RecvStream, SendStream, Writ
 use tokio::time::Instant;
 
 use super::{Inner, Node};
-use crate::framing::{read_frame, wire_error_label, ReadFrameError};
+use crate::framing::{read_end_if_arrived, read_frame, wire_error_label, ReadFrameError};
 
 /// Why a request failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -232,7 +232,10 @@ impl Inner {
         self.metrics
             .count_sent(&counters, (wire::FRAME_OVERHEAD + payload_len) as u64);
         let frame = match read_frame(&mut recv, &self.config.limits).await {
-            Ok(Some(frame)) => frame,
+            Ok(Some(frame)) => {
+                read_end_if_arrived(&mut recv);
+                frame
+            }
             Ok(None) | Err(ReadFrameError::Stream(_)) if stopped.is_some() => {
                 return Err(RequestError::WriteFailed(stopped.expect("checked above")));
             }

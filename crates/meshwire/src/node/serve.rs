@@ -15,7 +15,8 @@ use super::registry::Attachment;
 use super::streamed::{AnswerBody, RequestBody, STREAMED_PIECE_BYTES};
 use super::{Inner, Node, SubscribeError};
 use crate::framing::{
-    read_bytes, read_frame_body, read_frame_header, wire_error_label, ReadFrameError,
+    read_bytes, read_end_if_arrived, read_frame_body, read_frame_header, wire_error_label,
+    ReadFrameError,
 };
 
 /// Stream reset code: the request took too long to arrive.
@@ -273,6 +274,7 @@ impl Inner {
                 handler,
                 _budget,
             } => {
+                read_end_if_arrived(&mut recv);
                 if !self.accept_frame(&connection, remote, &frame, Kind::Request, &counters) {
                     return;
                 }
