@@ -76,6 +76,9 @@ pub(super) struct Segment {
     fin: bool,
     /// Packet numbers of this segment's transmissions still counted in flight.
     pub(super) in_flight: Vec<u64>,
+    /// When the earliest of its transmissions declared lost would have arrived (sent time plus
+    /// its path's one-way delay): a declaration can be early, and that copy may still arrive.
+    lost_copy_arrival: Option<Instant>,
 }
 
 /// One transmission of a segment, counted in its path's flight until acknowledged or lost.
@@ -252,24 +255,39 @@ impl Core {
         packet_number
     }
 
-    /// Which of a segment's transmissions in flight the ACK should credit: the echoed one, else
-    /// the one expected to have arrived first.
-    fn arrived_copy(&self, copies: &[u64], echo: Option<u64>) -> Option<u64> {
+    /// Which of a segment's transmissions in flight the ACK arriving on `ack_path` at `now`
+    /// should credit: the echoed one, else the one expected to have arrived first, if it could
+    /// have arrived by now and no copy declared lost was expected before it.
+    ///
+    /// A segment declared lost too early and sent again arrives through its first copy; the
+    /// ACK names the segment, not the copy, and the copy still in flight may have left a moment
+    /// ago. Crediting that one would count a delivery its path did not make and, worse, mark
+    /// its path's earlier packets lost by count: traced in `session-quic`'s `direct+3-relays`,
+    /// 2,937 of 3,146 packets declared lost by count were echoed later, each set off this way.
+    fn arrived_copy(
+        &self,
+        segment: &Segment,
+        echo: Option<u64>,
+        ack_path: PathId,
+        now: Instant,
+    ) -> Option<u64> {
+        let copies = &segment.in_flight;
         if let Some(echo) = echo.filter(|echo| copies.contains(echo)) {
             return Some(echo);
         }
-        copies
+        let one_way = |id: &PathId| self.paths.get(id).map_or(Duration::ZERO, Path::one_way);
+        let (arrival, pn) = copies
             .iter()
             .filter_map(|pn| {
                 let info = self.in_flight.get(pn)?;
-                let one_way = self
-                    .paths
-                    .get(&info.path)
-                    .map_or(Duration::ZERO, Path::one_way);
-                Some((info.sent_at + one_way, *pn))
+                Some((info.sent_at + one_way(&info.path), *pn))
             })
-            .min()
-            .map(|(_, pn)| pn)
+            .min()?;
+        let plausible = arrival + one_way(&ack_path) <= now
+            && segment
+                .lost_copy_arrival
+                .is_none_or(|lost_arrival| arrival < lost_arrival);
+        plausible.then_some(pn)
     }
 
     /// The path's packet at `index` is known to have arrived (its own echo came back).
@@ -322,13 +340,27 @@ impl Core {
 
     /// Takes `pn` out of flight and queues its segment for retransmission (preferably on another
     /// path) unless another copy is still on its way; returns the transmission, for the policy.
-    pub(super) fn declare_lost(&mut self, pn: u64) -> Option<InFlight> {
+    /// `on_the_wire`: the transmission left (it may still arrive); false for one the transport
+    /// refused.
+    pub(super) fn declare_lost(&mut self, pn: u64, on_the_wire: bool) -> Option<InFlight> {
         let info = self.in_flight.remove(&pn)?;
         if let Some(path) = self.paths.get_mut(&info.path) {
             path.in_flight_packets = path.in_flight_packets.saturating_sub(1);
         }
+        let one_way = self
+            .paths
+            .get(&info.path)
+            .map_or(Duration::ZERO, Path::one_way);
         if let Some(segment) = self.segments.get_mut(&info.seq) {
             segment.in_flight.retain(|&other| other != pn);
+            if on_the_wire {
+                let arrival = info.sent_at + one_way;
+                segment.lost_copy_arrival = Some(
+                    segment
+                        .lost_copy_arrival
+                        .map_or(arrival, |at| at.min(arrival)),
+                );
+            }
             // Another copy still on its way may deliver it; if that one is lost too, its own
             // loss queues the segment.
             if segment.in_flight.is_empty() {
@@ -360,6 +392,7 @@ impl Core {
                         data: data.clone(),
                         fin,
                         in_flight: Vec::new(),
+                        lost_copy_arrival: None,
                     },
                 );
                 (seq, data, fin)
@@ -458,7 +491,7 @@ impl Sender {
         }
         self.policy.remove_path(path);
         for pn in self.core.in_flight_on(path) {
-            self.declare_lost(pn);
+            self.declare_lost(pn, true);
         }
     }
 
@@ -582,7 +615,7 @@ impl Sender {
             let Some(segment) = core.segments.remove(&seq) else {
                 continue;
             };
-            let arrived = core.arrived_copy(&segment.in_flight, ack.echo);
+            let arrived = core.arrived_copy(&segment, ack.echo, path, now);
             for pn in segment.in_flight {
                 let Some(info) = core.in_flight.remove(&pn) else {
                     continue;
@@ -629,8 +662,8 @@ impl Sender {
     }
 
     /// Declares `pn` lost without ACK evidence (a refused send, a removed path).
-    fn declare_lost(&mut self, pn: u64) {
-        if let Some(info) = self.core.declare_lost(pn) {
+    fn declare_lost(&mut self, pn: u64, on_the_wire: bool) {
+        if let Some(info) = self.core.declare_lost(pn, on_the_wire) {
             self.policy.on_lost(pn, &info, false);
         }
     }
@@ -643,7 +676,7 @@ impl Sender {
         else {
             return;
         };
-        self.declare_lost(data.packet_number);
+        self.declare_lost(data.packet_number, false);
         self.policy.on_send_error(&mut self.core, path, now);
     }
 

@@ -384,3 +384,70 @@ fn an_ack_that_leaves_ranges_out_is_no_evidence_of_loss_above_the_gap() {
     // (31; with no RTT measured yet the time rule takes 30 too), never one in the gap or above.
     assert_eq!(sender.stats().fast_retransmits, 16);
 }
+
+/// A segment declared lost too early and sent again on another path arrives through its first
+/// copy. The ACK that covers it (by its ranges, not its echo) must not credit the copy still in
+/// flight: that copy has not arrived, and taking it as arrived would declare the packets sent
+/// before it on its path lost by count (traced in `session-quic`'s `direct+3-relays`, where this
+/// turned a few real losses into thousands of needless retransmissions).
+#[test]
+fn an_ack_of_a_resent_segment_credits_no_copy_still_in_flight() {
+    let start = Instant::now();
+    let mut sender = Sender::new(SessionConfig::new(Policy::Meshwire));
+    sender.add_path(PathId(0), None);
+    sender.add_path(PathId(1), None);
+    assert_eq!(sender.write(&[7u8; 200 * 1024]), 200 * 1024);
+    let mut sent = Vec::new();
+    let drain = |sender: &mut Sender, now: Instant, sent: &mut Vec<(u32, u64, u64)>| {
+        while let Some(transmit) = sender.poll_transmit(now) {
+            if let Ok(Packet::Data(data)) = Packet::decode(transmit.payload, 1024) {
+                sent.push((transmit.path.0, data.seq, data.packet_number));
+            }
+        }
+    };
+    drain(&mut sender, start, &mut sent);
+    let on = |path: u32, sent: &[(u32, u64, u64)]| -> Vec<(u64, u64)> {
+        sent.iter()
+            .filter(|&&(p, _, _)| p == path)
+            .map(|&(_, seq, pn)| (seq, pn))
+            .collect()
+    };
+    let (first0, first1) = (on(0, &sent), on(1, &sent));
+    assert!(first0.len() >= 8 && first1.len() >= 8, "{sent:?}");
+    // Path 0's fifth packet is echoed: its first two are declared lost by count and resent.
+    let echoed = first0[4];
+    let ack =
+        |echo: Option<u64>, cumulative: u64, ranges: Vec<(u64, u64)>| super::codec::AckPacket {
+            echo,
+            cumulative,
+            window_end: 1 << 20,
+            ranges,
+        };
+    let at = start + Duration::from_millis(10);
+    let ranges = vec![(echoed.0, echoed.0 + 1)];
+    sender
+        .handle_ack(PathId(0), ack(Some(echoed.1), 0, ranges), at)
+        .unwrap();
+    assert_eq!(sender.stats().fast_retransmits, 2);
+    let mut resent = Vec::new();
+    drain(&mut sender, at, &mut resent);
+    assert!(
+        resent.iter().any(|&(path, _, _)| path == 1),
+        "a lost segment goes out on the other path: {resent:?}"
+    );
+    // The first copies of path 0's first two segments arrive after all: an ACK on path 0 covers
+    // them by its ranges, without an echo of the resent copies.
+    let lost: Vec<(u64, u64)> = first0[..2].iter().map(|&(seq, _)| (seq, seq + 1)).collect();
+    let at = at + Duration::from_millis(1);
+    sender
+        .handle_ack(PathId(0), ack(None, 0, lost), at)
+        .unwrap();
+    // Path 1 is owed nothing: no packet of its first burst is declared lost, none credited.
+    assert_eq!(sender.stats().fast_retransmits, 2);
+    let path1 = sender
+        .paths()
+        .find(|(path, _)| *path == PathId(1))
+        .map(|(_, stats)| stats)
+        .unwrap();
+    assert_eq!(path1.delivered_packets, 0, "{path1:?}");
+}

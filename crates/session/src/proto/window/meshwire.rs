@@ -281,7 +281,7 @@ impl Meshwire {
     }
 
     fn declare_lost(&mut self, core: &mut Core, pn: u64, by_evidence: bool) {
-        if let Some(info) = core.declare_lost(pn) {
+        if let Some(info) = core.declare_lost(pn, true) {
             self.on_lost(pn, &info, by_evidence);
         }
     }
