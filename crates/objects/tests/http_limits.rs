@@ -655,5 +655,66 @@ async fn metrics_speak_prometheus_text_and_openmetrics() {
             );
         }
     }
+    // A real OpenMetrics parser, where one is installed (CI installs python3-prometheus-client):
+    // the reference client's parser rejects any line the format does not allow.
+    match openmetrics_families(&body) {
+        Some(families) => {
+            for family in [
+                "meshwire_sent_bytes",
+                "meshwire_received_bytes",
+                "meshwire_http_connections",
+                "meshwire_http_refused",
+            ] {
+                assert!(families.contains(family), "{family} missing: {families:?}");
+            }
+        }
+        None => println!(
+            "skipped: the OpenMetrics parser check needs python3 with prometheus_client \
+             (apt-get install python3-prometheus-client)"
+        ),
+    }
     daemon.shutdown().await.unwrap();
+}
+
+/// The metric family names Python's `prometheus_client` OpenMetrics parser reads from `body`, or
+/// `None` when no Python with that module is installed. A parse error fails the test.
+fn openmetrics_families(body: &str) -> Option<std::collections::HashSet<String>> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    const SCRIPT: &str = "import sys\n\
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families\n\
+        for family in text_string_to_metric_families(sys.stdin.read()):\n    print(family.name)\n";
+    let python = ["python3", "/usr/bin/python3"].into_iter().find(|python| {
+        Command::new(python)
+            .args(["-c", "import prometheus_client.openmetrics.parser"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    })?;
+    let mut child = Command::new(python)
+        .args(["-c", SCRIPT])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 starts");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "OpenMetrics parser refused the body: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Some(
+        String::from_utf8(output.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect(),
+    )
 }
