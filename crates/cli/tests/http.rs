@@ -860,3 +860,56 @@ fn a_topic_from_the_config_file_carries_a_publish_to_every_node() {
         "invalid_topic",
     );
 }
+
+/// Sends `signal` (a `kill` name such as `INT`) to `child` and waits for a clean exit.
+#[cfg(unix)]
+fn stop_with(child: &mut Child, signal: &str) {
+    let sent = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let exit = wait_exit(child);
+    assert!(exit.success(), "SIG{signal} ended the node with {exit:?}");
+}
+
+/// Waits (at most 20 s) until the node at `address` answers `/status`.
+fn wait_serving(address: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect_timeout(&address, Duration::from_secs(1)).is_err()
+        || with_header(address, "/status", "").status != 200
+    {
+        assert!(Instant::now() < deadline, "the node did not start serving");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SIGINT stops the node as cleanly as SIGTERM; a secret file others can read is a warning at
+/// the next start, naming the file.
+#[cfg(unix)]
+#[test]
+fn sigint_stops_the_node_cleanly_and_a_readable_token_is_a_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let http_address = free_tcp();
+    let mut child = node_with("", &http_address.to_string(), dir.path());
+    wait_serving(http_address);
+    stop_with(&mut child, "INT");
+    let token_path = dir.path().join("data").join("http-token");
+    std::fs::set_permissions(&token_path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut child = node_with("", &http_address.to_string(), dir.path());
+    wait_serving(http_address);
+    stop_with(&mut child, "INT");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(
+        stderr.contains("readable by other users") && stderr.contains("http-token"),
+        "{stderr}"
+    );
+}
