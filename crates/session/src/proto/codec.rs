@@ -74,11 +74,11 @@ pub enum CodecError {
     /// The ACK's ranges are empty, unordered, overlapping or not above the cumulative point.
     #[error("malformed ack ranges")]
     BadRanges,
-    /// The ACK's window ends before its cumulative point.
-    #[error("window end {window_end} is below the cumulative ack {cumulative}")]
+    /// The ACK's window, counted from its cumulative point, ends past the last sequence number.
+    #[error("a window of {window} segments past the cumulative ack {cumulative} overflows")]
     BadWindow {
-        /// Advertised window end.
-        window_end: u64,
+        /// Segments the window extends past `cumulative`.
+        window: u64,
         /// Cumulative point.
         cumulative: u64,
     },
@@ -262,7 +262,7 @@ impl Packet {
                 let cumulative = get_varint(&mut body, len)?;
                 let extra = get_varint(&mut body, len)?;
                 let window_end = cumulative.checked_add(extra).ok_or(CodecError::BadWindow {
-                    window_end: extra,
+                    window: extra,
                     cumulative,
                 })?;
                 let mut ranges = Vec::with_capacity(count);
