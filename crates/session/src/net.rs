@@ -536,6 +536,11 @@ impl Session {
         lock(&self.shared).stats
     }
 
+    /// The sending side's counters: data packets sent, retransmissions, losses, copies.
+    pub fn sender_stats(&self) -> crate::proto::SenderStats {
+        lock(&self.shared).endpoint.sender.stats()
+    }
+
     /// The paths and how each travels.
     pub fn paths(&self) -> Vec<(PathId, Via)> {
         lock(&self.shared)

@@ -125,6 +125,8 @@ pub struct TransferOutcome {
     pub transfer_s: f64,
     /// Sender's session counters.
     pub sender: SessionStats,
+    /// The sending side's packet counters (retransmissions, copies).
+    pub sent: meshwire_session::proto::SenderStats,
     /// Receiver's session counters.
     pub receiver: SessionStats,
     /// Datagrams the relays forwarded, together.
@@ -312,6 +314,7 @@ pub fn run_transfer(seed: u64, plan: &TransferPlan) -> Result<TransferOutcome, L
             }
             let mut board = board.borrow_mut();
             board.outcome.sender = session.stats();
+            board.outcome.sent = session.sender_stats();
             let relayed = |count: fn(&meshwire_session::net::HostStats) -> u64| {
                 board
                     .relays
@@ -614,6 +617,15 @@ pub fn run(
     put("transfer_s", outcome.transfer_s);
     put("datagrams_sent", outcome.sender.datagrams_sent as f64);
     put("send_buffer_full", outcome.sender.send_buffer_full as f64);
+    put("retransmissions", outcome.sent.retransmissions as f64);
+    // Copies sent while another copy of the same segment was in flight, as a share of every data
+    // packet sent (as in the raw multipath runner; retransmissions of lost packets are not
+    // redundant).
+    let copies = (outcome.sent.tail_copies + outcome.sent.late_copies) as f64;
+    put(
+        "redundant_share",
+        copies / outcome.sent.packets_sent.max(1) as f64,
+    );
     put("relayed_datagrams", outcome.relayed_datagrams as f64);
     put("relay_rate_limited", outcome.relay_rate_limited as f64);
     Ok(metrics)
