@@ -11,18 +11,8 @@
 # Usage: bench/http-flood.sh   (MESHWIRE_BIN=path: run that meshwire binary instead)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ -n "${MESHWIRE_BIN:-}" ]; then
-  bin=$MESHWIRE_BIN
-else
-  cargo build --release --locked --quiet --bin meshwire
-  bin=target/release/meshwire
-fi
-work=$(mktemp -d)
-cleanup() { [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
-
-port_http=$((20000 + RANDOM % 20000))
-port_udp=$((port_http + 1))
+# MESHWIRE_BIN runs another build of meshwire (an A/B comparison) instead of this tree's.
+. bench/node-setup.sh
 RUST_LOG=error "$bin" node --data-dir "$work/data" \
   --listen "127.0.0.1:$port_udp" --http "127.0.0.1:$port_http" >"$work/node.log" 2>&1 &
 pid=$!

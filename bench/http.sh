@@ -30,18 +30,7 @@ if ! command -v wrk >/dev/null 2>&1; then
 fi
 
 # MESHWIRE_BIN runs another build of meshwire (an A/B comparison) instead of this tree's.
-if [ -n "${MESHWIRE_BIN:-}" ]; then
-  bin=$MESHWIRE_BIN
-else
-  cargo build --release --locked --quiet --bin meshwire
-  bin=target/release/meshwire
-fi
-work=$(mktemp -d)
-cleanup() { [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
-
-port_http=$((20000 + RANDOM % 20000))
-port_udp=$((port_http + 1))
+. bench/node-setup.sh
 cat > "$work/node.toml" <<TOML
 [objects]
 replication = 1
