@@ -766,14 +766,7 @@ fn the_token_is_printed_and_required_and_sigterm_stops_the_node_cleanly() {
     );
     assert_eq!(status.status, 200);
 
-    let killed = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let exit = wait_exit(&mut child);
-    assert!(exit.success(), "SIGTERM ended the node with {exit:?}");
+    stop_with(&mut child, "TERM");
 }
 
 #[test]
@@ -782,13 +775,7 @@ fn a_non_loopback_http_address_without_a_token_is_refused() {
     let mut child = node_with("[http]\nrequire_token = false\n", "0.0.0.0:0", dir.path());
     let exit = wait_exit(&mut child);
     assert!(!exit.success());
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let stderr = stderr_of(&mut child);
     assert!(stderr.contains("not a loopback address"), "{stderr}");
     assert!(stderr.contains("--danger-http-without-token"), "{stderr}");
 }
@@ -861,8 +848,19 @@ fn a_topic_from_the_config_file_carries_a_publish_to_every_node() {
     );
 }
 
+/// Everything `child` wrote to stderr (read to its end: call once it has exited).
+fn stderr_of(child: &mut Child) -> String {
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    stderr
+}
+
 /// Sends `signal` (a `kill` name such as `INT`) to `child` and waits for a clean exit.
-#[cfg(unix)]
 fn stop_with(child: &mut Child, signal: &str) {
     let sent = Command::new("kill")
         .arg(format!("-{signal}"))
@@ -901,13 +899,7 @@ fn sigint_stops_the_node_cleanly_and_a_readable_token_is_a_warning() {
     let mut child = node_with("", &http_address.to_string(), dir.path());
     wait_serving(http_address);
     stop_with(&mut child, "INT");
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let stderr = stderr_of(&mut child);
     assert!(
         stderr.contains("readable by other users") && stderr.contains("http-token"),
         "{stderr}"
