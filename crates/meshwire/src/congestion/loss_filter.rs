@@ -1,0 +1,419 @@
+//! Which losses are congestion: the sans-IO loss filter [`super::Meshwire`] runs beside CUBIC
+//! (the rules are in the parent module's `# Design`).
+
+use std::time::{Duration, Instant};
+
+/// A queue is present when the RTT exceeds the minimum by this fraction of the minimum...
+pub const QUEUE_DELAY_FRACTION: f64 = 0.125;
+/// ...and by at least this much (timer and ACK-delay noise on short paths).
+pub const QUEUE_DELAY_FLOOR: Duration = Duration::from_millis(2);
+/// Losses above this fraction of a round trip's sent bytes are congestion whatever the RTT.
+pub const LOSS_RATE_CEILING: f64 = 0.05;
+/// How long the smoothed RTT's least value is remembered as the queue-free baseline (two such
+/// windows are kept, so the baseline covers between one and two of them).
+pub const BASELINE_WINDOW: Duration = Duration::from_secs(10);
+/// How far above the floor plus [`LOSS_RATE_CEILING`] a sample's loss rate may lie by chance, in
+/// standard deviations of a binomial sample of its size at the floor's rate. The floor is the
+/// least of up to a few hundred samples, so on a path that loses a large share at random it
+/// sits about three of the samples' deviations below the path's true rate, and each sample
+/// scatters around that rate: with no margin a 10%-loss path (floor read near 5%, ceiling near
+/// 10%) called a third of its samples congestion, and in `session-quic`'s `losses-0.01+0.1`
+/// (seed 2) the relay connection's window fell to 8 KB, 0.654 of the ideal; with a margin of
+/// 2 it still called one in twenty (`random_loss_scattering_around_a_high_floor_is_not_congestion`:
+/// 2,317, 189 and 0 congestion losses at 0, 2 and 5). At a floor near zero (a policer, a
+/// drop-tail queue, a path that loses 1%: a 300-packet sample with no loss is common there) the
+/// margin is near zero too, so what the ceiling guards against is unchanged.
+pub const LOSS_NOISE_DEVIATIONS: f64 = 5.0;
+/// The packet size samples are counted in (as [`MIN_SAMPLE_BYTES`]).
+const SAMPLE_PACKET_BYTES: u64 = 1200;
+/// Sent bytes a loss-rate sample must hold before its rate is trusted: 300 packets of 1200 B.
+/// Below about 200 packets, random loss of 1–2% exceeds [`LOSS_RATE_CEILING`] in a sample too
+/// often to tell it from congestion (binomial: 1.5% of 100-packet samples at 2% loss).
+pub const MIN_SAMPLE_BYTES: u64 = 300 * 1200;
+/// A sample that has not reached [`MIN_SAMPLE_BYTES`] after this many minimum RTTs, and at least
+/// [`QUIET_SAMPLE_TIME`], is closed as quiet: its few packets say nothing new, and an old loss
+/// rate fades. A sender below about 3 Mbit/s never fills a sample, so only the RTT (a queue)
+/// tells it congestion from random loss.
+const QUIET_SAMPLE_ROUNDS: u32 = 8;
+/// See [`QUIET_SAMPLE_ROUNDS`].
+const QUIET_SAMPLE_TIME: Duration = Duration::from_secs(1);
+
+/// The sans-IO part: which losses are congestion, from RTTs and per-round byte counts.
+#[derive(Debug, Clone, Default)]
+pub struct LossFilter {
+    round_start: Option<Instant>,
+    round_sent: u64,
+    round_lost: u64,
+    last_round_rate: f64,
+    /// Bytes the last whole sample held.
+    last_round_sent: u64,
+    min_rtt: Option<Duration>,
+    latest_rtt: Duration,
+    /// The smoothed RTT's least value in the current and the previous [`BASELINE_WINDOW`].
+    baseline: [Option<Duration>; 2],
+    baseline_start: Option<Instant>,
+    /// The least loss rate of a whole sample whose losses more rate did not buy (see
+    /// [`LossFilter::loss_floor`]), in the current and the previous [`BASELINE_WINDOW`].
+    loss_floor: [Option<f64>; 2],
+    /// The send and delivery rates of the last whole sample, bytes per second.
+    last_rates: Option<(f64, f64)>,
+    congested: bool,
+}
+
+impl LossFilter {
+    /// Records an RTT sample: `latest` the path's smoothed RTT, `min` its minimum. Closes the
+    /// loss-rate sample once it is a minimum RTT long and holds [`MIN_SAMPLE_BYTES`], or as quiet
+    /// (after `QUIET_SAMPLE_ROUNDS` minimum RTTs and at least `QUIET_SAMPLE_TIME`).
+    pub fn on_rtt(&mut self, now: Instant, latest: Duration, min: Duration) {
+        self.latest_rtt = latest;
+        match self.baseline_start {
+            Some(start) if now.saturating_duration_since(start) < BASELINE_WINDOW => {}
+            _ => {
+                self.baseline = [None, self.baseline[0]];
+                self.loss_floor = [None, self.loss_floor[0]];
+                self.baseline_start = Some(now);
+            }
+        }
+        self.baseline[0] = Some(self.baseline[0].map_or(latest, |least| least.min(latest)));
+        if !min.is_zero() {
+            self.min_rtt = Some(self.min_rtt.map_or(min, |current| current.min(min)));
+        }
+        let round = self.min_rtt.unwrap_or(latest).max(Duration::from_millis(1));
+        let elapsed = self
+            .round_start
+            .map(|start| now.saturating_duration_since(start));
+        let close = match elapsed {
+            None => true,
+            Some(elapsed) if elapsed < round => false,
+            Some(elapsed) => {
+                self.round_sent >= MIN_SAMPLE_BYTES
+                    || elapsed >= (round * QUIET_SAMPLE_ROUNDS).max(QUIET_SAMPLE_TIME)
+            }
+        };
+        if close {
+            if self.round_sent >= MIN_SAMPLE_BYTES {
+                let rate = self.round_lost as f64 / self.round_sent as f64;
+                self.last_round_rate = rate;
+                self.last_round_sent = self.round_sent;
+                let seconds = elapsed.unwrap_or(round).as_secs_f64().max(1e-6);
+                let sent = self.round_sent as f64 / seconds;
+                let delivered = sent * (1.0 - rate);
+                // These losses were not bought by more rate when the sample was sent no faster
+                // than the one before, or when the path delivered at least half of what it was
+                // sent beyond it (a path at its limit delivers no more however much more it
+                // gets): the path loses this share whatever the sender does. A queue in the RTT
+                // rules it out: its losses may be the overflow of an earlier, faster sample (a
+                // loss is detected a round trip after its packet left).
+                let independent = !self.queue_present()
+                    && self.last_rates.is_some_and(|(last_sent, last_delivered)| {
+                        sent <= last_sent || delivered - last_delivered >= (sent - last_sent) / 2.0
+                    });
+                if independent {
+                    self.loss_floor[0] = Some(self.loss_floor[0].map_or(rate, |f| f.min(rate)));
+                }
+                self.last_rates = Some((sent, delivered));
+            } else if self.round_start.is_some() {
+                // A quiet sample says nothing new; an old rate fades.
+                self.last_round_rate /= 2.0;
+            }
+            self.round_start = Some(now);
+            self.round_sent = 0;
+            self.round_lost = 0;
+        }
+    }
+
+    /// Records bytes sent.
+    pub fn on_sent(&mut self, bytes: u64) {
+        self.round_sent = self.round_sent.saturating_add(bytes);
+    }
+
+    /// Whether the RTT shows a standing queue.
+    pub fn queue_present(&self) -> bool {
+        let Some(min) = self.min_rtt else {
+            return false;
+        };
+        // The smoothed RTT's own recent least value, not the path's minimum: jitter and timer
+        // granularity keep the smoothed RTT above the minimum all the time, a queue only while it
+        // stands.
+        let baseline = self.baseline.iter().flatten().min().copied().unwrap_or(min);
+        let threshold = min.mul_f64(QUEUE_DELAY_FRACTION).max(QUEUE_DELAY_FLOOR);
+        self.latest_rtt.saturating_sub(baseline.max(min)) >= threshold
+    }
+
+    /// The loss rate the decision uses: the last whole sample's, or the current sample's once it
+    /// holds [`MIN_SAMPLE_BYTES`], whichever is larger.
+    pub fn loss_rate(&self) -> f64 {
+        self.loss_sample().0
+    }
+
+    /// [`LossFilter::loss_rate`] and the bytes its sample held.
+    fn loss_sample(&self) -> (f64, u64) {
+        let current = if self.round_sent >= MIN_SAMPLE_BYTES {
+            self.round_lost as f64 / self.round_sent as f64
+        } else {
+            0.0
+        };
+        if current >= self.last_round_rate {
+            (current, self.round_sent)
+        } else {
+            (self.last_round_rate, self.last_round_sent)
+        }
+    }
+
+    /// Whether the loss rate lies above the floor by more than [`LOSS_RATE_CEILING`] and what
+    /// chance explains ([`LOSS_NOISE_DEVIATIONS`]).
+    fn loss_exceeds_floor(&self) -> bool {
+        let floor = self.loss_floor();
+        let (rate, sent) = self.loss_sample();
+        let packets = (sent / SAMPLE_PACKET_BYTES).max(1) as f64;
+        let noise = LOSS_NOISE_DEVIATIONS * (floor * (1.0 - floor) / packets).sqrt();
+        rate > floor + LOSS_RATE_CEILING + noise
+    }
+
+    /// The share of packets the path loses whatever the send rate: the least loss rate of a
+    /// recent sample sent with no queue in the RTT and either no faster than the one before or
+    /// with at least half of its extra rate delivered (0 while there is none).
+    pub fn loss_floor(&self) -> f64 {
+        self.loss_floor
+            .iter()
+            .flatten()
+            .copied()
+            .reduce(f64::min)
+            .unwrap_or(0.0)
+    }
+
+    /// Records a loss of `lost_bytes` (0: an ECN mark) and says whether it is congestion.
+    pub fn on_loss(&mut self, lost_bytes: u64, persistent: bool) -> bool {
+        self.round_lost = self.round_lost.saturating_add(lost_bytes);
+        let congestion =
+            persistent || lost_bytes == 0 || self.queue_present() || self.loss_exceeds_floor();
+        self.congested |= congestion;
+        congestion
+    }
+
+    /// Whether any congestion has been seen on this connection.
+    pub fn congested(&self) -> bool {
+        self.congested
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A filter that has seen `rounds` round trips of `sent` bytes at RTT `rtt` (minimum `min`)
+    /// with `lost` bytes lost in each.
+    fn filter_after(rounds: u32, sent: u64, lost: u64, rtt: Duration, min: Duration) -> LossFilter {
+        let start = Instant::now();
+        let mut filter = LossFilter::default();
+        for round in 0..rounds {
+            filter.on_rtt(start + min * round, rtt, min);
+            filter.on_sent(sent);
+            filter.round_lost += lost;
+        }
+        filter.on_rtt(start + min * rounds, rtt, min);
+        filter
+    }
+
+    proptest! {
+        /// Random loss below the ceiling on a path without a queue never reaches CUBIC.
+        #[test]
+        fn random_loss_without_a_queue_is_not_congestion(
+            min_ms in 1u64..500,
+            permille in 0u64..45,
+            sent in MIN_SAMPLE_BYTES..10_000_000,
+        ) {
+            let min = MS * min_ms as u32;
+            let lost = sent * permille / 1000;
+            let mut filter = filter_after(4, sent, lost, min, min);
+            prop_assert!(!filter.on_loss(1200, false));
+            prop_assert!(!filter.congested());
+        }
+
+        /// A queue standing above the queue-free baseline (the smoothed RTT above its recent
+        /// least value by the threshold) makes any loss congestion.
+        #[test]
+        fn loss_at_a_standing_queue_is_congestion(
+            min_ms in 1u64..500,
+            extra_permille in 0u64..2000,
+        ) {
+            let min = MS * min_ms as u32;
+            let threshold = min.mul_f64(QUEUE_DELAY_FRACTION).max(QUEUE_DELAY_FLOOR);
+            let latest = min + threshold + threshold.mul_f64(extra_permille as f64 / 1000.0);
+            let mut filter = filter_after(2, 100_000, 0, min, min);
+            filter.on_rtt(Instant::now() + min * 3, latest, min);
+            prop_assert!(filter.queue_present());
+            prop_assert!(filter.on_loss(1200, false));
+            prop_assert!(filter.congested());
+        }
+
+        /// Jitter or timer granularity that keeps the smoothed RTT above the minimum all along is
+        /// in the baseline, not a queue: random loss there is still not congestion.
+        #[test]
+        fn a_steady_rtt_above_the_minimum_is_not_a_queue(
+            min_ms in 1u64..500,
+            offset_ms in 0u64..50,
+            permille in 0u64..45,
+        ) {
+            let min = MS * min_ms as u32;
+            let steady = min + MS * offset_ms as u32;
+            let mut filter = filter_after(4, 100_000, 100_000 * permille / 1000, steady, min);
+            prop_assert!(!filter.queue_present());
+            prop_assert!(!filter.on_loss(1200, false));
+        }
+
+        /// Loss bought by more rate never lowers the bar: a sender that keeps sending faster while
+        /// the path delivers the same (a policer, a full shallow queue) loses more than the
+        /// ceiling and that is congestion.
+        #[test]
+        fn loss_bought_by_more_rate_is_congestion(
+            min_ms in 1u64..500,
+            limit in MIN_SAMPLE_BYTES..10_000_000,
+            growth_permille in 1100u64..2000,
+        ) {
+            let min = MS * min_ms as u32;
+            let start = Instant::now();
+            let mut filter = LossFilter::default();
+            let mut sent = limit;
+            for round in 0..6u32 {
+                filter.on_rtt(start + min * round, min, min);
+                filter.on_sent(sent);
+                filter.round_lost += sent - limit;
+                sent = sent * growth_permille / 1000;
+            }
+            filter.on_rtt(start + min * 6, min, min);
+            prop_assert!(filter.loss_floor() <= 0.0 + f64::EPSILON);
+            prop_assert!(filter.on_loss(1200, false));
+        }
+
+        /// Losing more than the ceiling of a sample is congestion, queue or not, until the path
+        /// shows that it loses that share whatever the rate (random loss above the ceiling): a
+        /// sample sent no faster sets the floor, and then the same loss is not congestion.
+        #[test]
+        fn heavy_loss_is_congestion_until_the_path_shows_it_as_its_floor(
+            min_ms in 1u64..500,
+            permille in 60u64..1000,
+            sent in MIN_SAMPLE_BYTES..10_000_000,
+        ) {
+            let min = MS * min_ms as u32;
+            for rounds in [1, 4] {
+                let mut filter = filter_after(rounds, sent, sent * permille / 1000, min, min);
+                let floor = filter.loss_floor();
+                if rounds == 1 {
+                    prop_assert!(filter.on_loss(1200, false));
+                } else {
+                    prop_assert!((floor - permille as f64 / 1000.0).abs() < 0.01, "floor {}", floor);
+                    prop_assert!(!filter.on_loss(1200, false));
+                }
+            }
+        }
+
+        /// Persistent congestion and ECN marks always count; counts never overflow.
+        #[test]
+        fn persistent_congestion_and_ecn_always_count(
+            sent in any::<u64>(),
+            lost in any::<u64>(),
+        ) {
+            let mut filter = LossFilter::default();
+            filter.on_sent(sent);
+            filter.on_sent(sent);
+            prop_assert!(filter.on_loss(lost, true));
+            prop_assert!(filter.on_loss(0, false));
+            let rate = filter.loss_rate();
+            prop_assert!(rate.is_finite() && rate >= 0.0);
+        }
+    }
+
+    /// The case that made samples a minimum size: a 1 ms path whose round trip holds 15 packets,
+    /// one in 50 lost at random. Per round trip that read as 6.7% (congestion); over a sample of
+    /// [`MIN_SAMPLE_BYTES`] it is 2%.
+    #[test]
+    fn random_loss_on_a_short_path_is_not_congestion() {
+        let start = Instant::now();
+        let min = 3 * MS;
+        let mut filter = LossFilter::default();
+        for packet in 0..20_000u32 {
+            if packet % 15 == 0 {
+                filter.on_rtt(start + min * (packet / 15), min, min);
+            }
+            filter.on_sent(1200);
+            if packet % 50 == 49 {
+                assert!(!filter.on_loss(1200, false), "packet {packet}");
+            }
+        }
+        assert!(!filter.congested());
+        assert!(filter.loss_rate() < LOSS_RATE_CEILING);
+    }
+
+    /// Heavy loss still reads as congestion on a short path: the sample accumulates over round
+    /// trips until it holds enough packets.
+    #[test]
+    fn heavy_loss_on_a_short_path_is_congestion() {
+        let start = Instant::now();
+        let min = 3 * MS;
+        let mut filter = LossFilter::default();
+        let mut congestion = false;
+        for packet in 0..2 * (MIN_SAMPLE_BYTES / 1200) as u32 {
+            if packet % 15 == 0 {
+                filter.on_rtt(start + min * (packet / 15), min, min);
+            }
+            filter.on_sent(1200);
+            if packet % 10 == 9 {
+                congestion |= filter.on_loss(1200, false);
+            }
+        }
+        assert!(congestion);
+    }
+
+    /// A path that drops 10% of packets at random, sample after sample at the same rate: once
+    /// the floor is known, no sample's share of losses reads as congestion, though the floor is
+    /// the least of them and the samples scatter around the true rate (i.i.d. losses from a
+    /// fixed-seed generator, 300-packet samples).
+    #[test]
+    fn random_loss_scattering_around_a_high_floor_is_not_congestion() {
+        let start = Instant::now();
+        let min = 100 * MS;
+        let mut filter = LossFilter::default();
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut congestion = 0;
+        for sample in 0..400u32 {
+            filter.on_rtt(start + min * sample, min, min);
+            for _ in 0..MIN_SAMPLE_BYTES / SAMPLE_PACKET_BYTES {
+                filter.on_sent(SAMPLE_PACKET_BYTES);
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                if (state >> 33) % 10 == 0
+                    && filter.on_loss(SAMPLE_PACKET_BYTES, false)
+                    && sample >= 4
+                {
+                    congestion += 1;
+                }
+            }
+        }
+        let floor = filter.loss_floor();
+        assert!((0.03..0.1).contains(&floor), "floor {floor}");
+        assert_eq!(congestion, 0);
+    }
+
+    #[test]
+    fn no_rtt_sample_means_no_queue() {
+        assert!(!LossFilter::default().queue_present());
+    }
+
+    #[test]
+    fn a_quiet_round_lets_an_old_loss_rate_fade() {
+        let min = 50 * MS;
+        let mut filter = filter_after(1, MIN_SAMPLE_BYTES, MIN_SAMPLE_BYTES / 5, min, min);
+        assert!(filter.loss_rate() > LOSS_RATE_CEILING);
+        let later = Instant::now() + Duration::from_secs(10);
+        for quiet in 0..3 {
+            filter.on_rtt(later + QUIET_SAMPLE_TIME * quiet, min, min);
+        }
+        assert!(filter.loss_rate() < LOSS_RATE_CEILING);
+    }
+}
