@@ -256,24 +256,27 @@ impl Core {
     }
 
     /// Which of a segment's transmissions in flight the ACK arriving on `ack_path` at `now`
-    /// should credit: the echoed one, else the one expected to have arrived first, if it could
-    /// have arrived by now and no copy declared lost was expected before it.
+    /// should credit: the echoed one, else the one expected to have arrived first if it could
+    /// have arrived by now. With it, whether it is evidence of arrival on its path (it marks
+    /// earlier packets there lost by count): the echoed one is, another only if no copy declared
+    /// lost was due before it.
     ///
     /// A segment declared lost too early and sent again arrives through its first copy; the
     /// ACK names the segment, not the copy, and the copy still in flight may have left a moment
-    /// ago. Crediting that one would count a delivery its path did not make and, worse, mark
-    /// its path's earlier packets lost by count: traced in `session-quic`'s `direct+3-relays`,
-    /// 2,937 of 3,146 packets declared lost by count were echoed later, each set off this way.
+    /// ago. Taking that one as arrived marked its path's earlier packets lost by count: traced
+    /// in `session-quic`'s `direct+3-relays`, 2,937 of 3,146 packets declared lost by count were
+    /// echoed later, each set off this way. When the first copy was really lost (a relay's
+    /// bucket dropped it) the one in flight did arrive: it still counts as delivered.
     fn arrived_copy(
         &self,
         segment: &Segment,
         echo: Option<u64>,
         ack_path: PathId,
         now: Instant,
-    ) -> Option<u64> {
+    ) -> Option<(u64, bool)> {
         let copies = &segment.in_flight;
         if let Some(echo) = echo.filter(|echo| copies.contains(echo)) {
-            return Some(echo);
+            return Some((echo, true));
         }
         let one_way = |id: &PathId| self.paths.get(id).map_or(Duration::ZERO, Path::one_way);
         let (arrival, pn) = copies
@@ -283,11 +286,10 @@ impl Core {
                 Some((info.sent_at + one_way(&info.path), *pn))
             })
             .min()?;
-        let plausible = arrival + one_way(&ack_path) <= now
-            && segment
-                .lost_copy_arrival
-                .is_none_or(|lost_arrival| arrival < lost_arrival);
-        plausible.then_some(pn)
+        let evidence = segment
+            .lost_copy_arrival
+            .is_none_or(|lost_arrival| arrival < lost_arrival);
+        (arrival + one_way(&ack_path) <= now).then_some((pn, evidence))
     }
 
     /// The path's packet at `index` is known to have arrived (its own echo came back).
@@ -627,7 +629,12 @@ impl Sender {
                 // each connection that holds the sequence number); meshwire credits one. Another
                 // copy that made it leaves flight without counting as delivered on its path (it
                 // may still be on its way, or lost).
-                let credited = Some(pn) == arrived || credits_every_copy;
+                let credited =
+                    arrived.is_some_and(|(arrived, _)| arrived == pn) || credits_every_copy;
+                let evidence = match arrived {
+                    Some((arrived, evidence)) if arrived == pn => evidence,
+                    _ => true,
+                };
                 if credited {
                     progressed.insert(info.path);
                 }
@@ -637,7 +644,9 @@ impl Sender {
                 state.in_flight_packets = state.in_flight_packets.saturating_sub(1);
                 if credited {
                     state.delivered += 1;
-                    if Some(pn) == ack.echo || unreported_from.is_none_or(|from| info.seq < from) {
+                    if Some(pn) == ack.echo
+                        || evidence && unreported_from.is_none_or(|from| info.seq < from)
+                    {
                         state.note_acked_index(info.path_index);
                     }
                     self.policy.on_acked(&mut state.rtt, &info, path, now);
