@@ -11,6 +11,8 @@
 # Usage: bench/http-flood.sh   (MESHWIRE_BIN=path: run that meshwire binary instead)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The flood holds about 650 sockets in this process and the node: raise the soft descriptor limit.
+ulimit -n 4096 2>/dev/null || true
 # MESHWIRE_BIN runs another build of meshwire (an A/B comparison) instead of this tree's.
 . bench/node-setup.sh
 RUST_LOG=error "$bin" node --data-dir "$work/data" \

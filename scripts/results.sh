@@ -3,7 +3,8 @@
 # plus the real-time calibration cross-check), every sweep in scenarios/sweeps/ at its file's case
 # count, then the criterion benchmarks with their allocation counts, then the HTTP benchmark
 # (bench/http.sh, needs wrk), the object store (bench/store.sh), the floods (bench/floods.sh,
-# about 3 min) and the transport against plain quinn (bench/transport.sh, about 30 s).
+# about 3 min), a connection flood (bench/http-flood.sh, about 5 s) and the transport against plain
+# quinn (bench/transport.sh, about 30 s).
 # Cost on a 2-core machine (release build, after the build): scenarios and sweeps about 20 min
 # (ic-gossip the longest; each sweep file states its own cost), benchmarks about 8 min.
 # The benchmarks measure wall-clock speed: run them on an otherwise idle machine.
@@ -162,6 +163,19 @@ floods_section() {
   printf 'back within 10%% of its level before after it, and honest peers served throughout.\n'
 }
 formatter=floods_section bench_section "Floods" bench/floods.sh
+
+# A connection flood against the HTTP API and /status timed meanwhile (bench/http-flood.sh).
+http_flood_section() {
+  printf '`bash bench/http-flood.sh`: a release `meshwire node` with default HTTP limits on loopback;\n'
+  printf '300 idle connections from one address, then ten more addresses holding 32 each (past the\n'
+  printf 'total of 256). Meanwhile 20 `GET /status` from another address per phase, timed from connect\n'
+  printf "to the answer's end; then the node's refusal counters.\n\n"
+  printf '```\n'
+  grep -E '^(one address|11 addresses|meshwire_http_refused)' "$1"
+  printf '```\n\nTarget (issue 19): a connection flood beyond the cap gets 503 and `/status` still answers\n'
+  printf 'within 100 ms.\n'
+}
+formatter=http_flood_section bench_section "HTTP connection flood" bench/http-flood.sh
 
 # meshwire's bulk transfer beside plain quinn on one loopback connection (bench/transport.sh).
 transport_section() {
