@@ -282,6 +282,37 @@ async fn a_connection_flood_gets_503_and_others_still_get_answers() {
     daemon.shutdown().await.unwrap();
 }
 
+/// Silent connections over the cap, more than there are places for busy answers, do not leave
+/// the next client closed unanswered: the answers already sent stop lingering and it gets its
+/// `503 busy` (`bench/http-flood.sh` found 20 of 20 probes unanswered before).
+#[tokio::test]
+async fn silent_connections_over_the_cap_leave_the_next_client_its_answer() {
+    let limits = HttpLimits {
+        header_read_timeout: Duration::from_secs(30),
+        max_connections: 2,
+        max_connections_per_client: 2,
+        ..HttpLimits::default()
+    };
+    let daemon = start(limits, HttpAuth::default()).await;
+    let address = daemon.http_address().unwrap();
+    let mut held = Vec::new();
+    for _ in 0..2 + 2 * serve_places() {
+        held.push(TcpStream::connect(address).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let answer = exchange(address, &get("/status", "")).await;
+    assert_eq!(answer.status, 503, "{}", answer.head);
+    assert_eq!(answer.error_code(), "busy");
+    assert_eq!(refused(&daemon, "overflow"), 0);
+    drop(held);
+    daemon.shutdown().await.unwrap();
+}
+
+/// Busy answers the node sends at once.
+fn serve_places() -> usize {
+    meshwire_objects::net::http::serve::OVERFLOW_ANSWERS
+}
+
 #[tokio::test]
 async fn requests_over_the_concurrency_cap_get_503() {
     let limits = HttpLimits {
