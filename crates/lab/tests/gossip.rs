@@ -133,12 +133,14 @@ fn run(
         lab.client("observer", move |_| async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                let published = published.borrow();
-                let complete = published.len() == total
-                    && held
-                        .borrow()
-                        .iter()
-                        .all(|set| published.iter().all(|id| set.contains_key(id)));
+                let complete = {
+                    let published = published.borrow();
+                    published.len() == total
+                        && held
+                            .borrow()
+                            .iter()
+                            .all(|set| published.iter().all(|id| set.contains_key(id)))
+                };
                 if complete {
                     // Time for any late copy to arrive and be counted.
                     tokio::time::sleep(Duration::from_secs(1)).await;
