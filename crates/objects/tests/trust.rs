@@ -114,12 +114,14 @@ async fn http(address: SocketAddr, method: &str, path: &str, body: &[u8]) -> (u1
 #[tokio::test]
 async fn an_unlisted_node_cannot_change_a_members_copy_or_enter_placement() {
     let members = [start(None).await, start(None).await, start(None).await];
-    // The intruder runs no anti-entropy: its digest requests would be refused as `not_member`
-    // too, at times of their own, and the counts below are of the requests this test sends.
-    let quiet = ObjectConfig {
+    // The intruder runs no anti-entropy and sends no probes: its digest requests and probes
+    // would be refused as `not_member` too, at times of their own, and the counts below are of
+    // the requests this test sends.
+    let mut quiet = ObjectConfig {
         anti_entropy_interval: std::time::Duration::ZERO,
         ..ObjectConfig::default()
     };
+    quiet.scores.probe_on_connect = false;
     let intruder = Daemon::builder(quiet)
         .http(loopback())
         .bind(loopback(), |_| {})

@@ -283,6 +283,7 @@ impl DaemonBuilder {
         let service = ObjectService::new(node, store, self.objects, self.options)?;
         register_start_time(service.node());
         let anti_entropy = service.spawn_anti_entropy().map(AbortOnDrop);
+        let probes = service.spawn_probes().map(AbortOnDrop);
         let topics = match &self.topics {
             Some(config) => Some(Topics::start(service.node(), config)?),
             None => None,
@@ -312,6 +313,7 @@ impl DaemonBuilder {
             ring,
             http,
             anti_entropy,
+            probes,
         })
     }
 }
@@ -409,6 +411,8 @@ pub struct Daemon {
     ring: Option<Ring>,
     http: Option<HttpServer>,
     anti_entropy: Option<AbortOnDrop>,
+    /// The loop probing members as they connect (`None`: probes are off).
+    probes: Option<AbortOnDrop>,
 }
 
 impl Daemon {
@@ -477,6 +481,7 @@ impl Daemon {
     /// commits atomically).
     pub async fn shutdown(self) -> Result<(), DaemonError> {
         drop(self.anti_entropy);
+        drop(self.probes);
         if let Some(topics) = &self.topics {
             topics.close();
         }

@@ -75,6 +75,7 @@ mod drive;
 mod entropy;
 mod metrics;
 mod modes;
+mod probe;
 mod read;
 mod serve;
 mod store_calls;
@@ -87,6 +88,7 @@ use drive::{drive, now, Leftover};
 pub use entropy::{RoundReport, IN_FLIGHT, MAX_TRANSFER_BYTES, PULL_BATCH};
 use metrics::{DirectionLabel, ObjectMetrics, OutcomeLabel, ReasonLabel};
 use modes::{Modes, Odds};
+pub use probe::PROBE_KEY;
 pub use streamed::{ObjectWriter, ReadBody, RemoteContent, RemoteContentError, PIECE_BYTES};
 
 /// Settings of the object service.
@@ -499,6 +501,11 @@ impl ObjectService {
                 "object_read_requests",
                 "Replica requests made by quorum reads",
                 metrics.requests_per_read.clone(),
+            );
+            registry.register(
+                "object_probe_requests",
+                "Version-and-hash probes sent to members as their connections came up",
+                metrics.probe_requests.clone(),
             );
             registry.register(
                 "object_refused_requests",

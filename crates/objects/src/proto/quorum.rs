@@ -38,6 +38,10 @@
 //!   below strangers for the rest of the run.
 //!   Exploration: with probability `explore_probability` a plan also asks one random peer from
 //!   outside the first choices, so a peer that recovered is measured again without delaying the read.
+//!   Probes (`probe_on_connect`, on by default): the object service asks each member once for a
+//!   version and hash as its connection comes up, scored as a read's request is (tracked while
+//!   out, hedged after [`PeerScores::hedge_delay`]), so the reads of the first round trips rank a
+//!   member by what it took rather than as a stranger (`net/service/probe.rs`).
 //! - [`QuorumPlan`] runs one request. The driver polls [`QuorumPlan::poll_ask`] for peers to ask,
 //!   reports each answer or failure, and wakes at [`QuorumPlan::poll_timeout`]. Policies (each
 //!   one implementation of the plan's rules, in its own file under `quorum/policy/`):

@@ -33,6 +33,10 @@ pub struct ScoreConfig {
     /// Most extra requests saved up; the budget starts full, so a cold client can afford to
     /// discover its peers.
     pub extra_request_reserve: f64,
+    /// Whether the object service probes each member once as its connection comes up (one
+    /// version-and-hash request, scored as a read's request is), so that the first reads do not
+    /// rank it as a stranger (`net/service/probe.rs`).
+    pub probe_on_connect: bool,
 }
 
 impl Default for ScoreConfig {
@@ -47,6 +51,7 @@ impl Default for ScoreConfig {
             max_peers: 4096,
             extra_request_ratio: 0.2,
             extra_request_reserve: 32.0,
+            probe_on_connect: true,
         }
     }
 }
@@ -371,6 +376,16 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
         }
         service.sort_by(f64::total_cmp);
         service[(service.len() - 1) / 2]
+    }
+
+    /// How long a request to `peer` may take before it is late: its tail estimate, or for a
+    /// stranger the transport knows a round trip to, twice that round trip (as [`Self::rank`]
+    /// hedges a stranger, with no service time known), or the prior.
+    pub fn hedge_delay(&self, peer: P, hint: PathHint) -> Duration {
+        match (self.peers.contains_key(&peer), hint.rtt) {
+            (false, Some(rtt)) => millis(2.0 * rtt.as_secs_f64() * 1e3),
+            _ => self.tail_latency(peer),
+        }
     }
 
     /// `candidates` best first at `now`, ties in random order, each with its hedge delay (tail
