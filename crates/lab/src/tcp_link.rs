@@ -25,9 +25,18 @@
 //!
 //! Rates count TCP payload bytes (the stream's bytes: for gRPC, HTTP/2 frames with their headers),
 //! as the UDP links count UDP payload. A packet rate counts [`SEGMENT_BYTES`] per packet. An
-//! unlimited rate passes reads straight through. Not modelled: loss, jitter, the drop-tail queue
-//! (the queue is unbounded and nothing drops), congestion control, slow start and ACK clocking; the
-//! sender's only back pressure is HTTP/2 flow control and turmoil's per-socket send credit.
+//! unlimited rate and no jitter passes reads straight through.
+//!
+//! Jitter as the UDP links have it ([`crate::link::LinkSpec::jitter`]): each segment, once
+//! serialized, waits a further delay drawn uniformly from `[0, jitter]` (seeded per directed link)
+//! and never overtakes a segment before it on that link, so a jittered path delays gRPC's bytes as
+//! it delays meshwire's datagrams (before, the ring sweep's gRPC baselines crossed jittered links
+//! without it and came out below the floor). Only the data direction is jittered: turmoil's TCP
+//! has no ACKs to delay.
+//!
+//! Not modelled: loss, the drop-tail queue (the queue is unbounded and nothing drops),
+//! congestion control, slow start and ACK clocking; the sender's only back pressure is HTTP/2 flow
+//! control and turmoil's per-socket send credit.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -40,6 +49,8 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
@@ -66,6 +77,12 @@ pub struct Serializer {
     bits_per_sec: Option<u64>,
     /// When the link finishes the last segment admitted so far.
     busy_until: Option<Instant>,
+    /// The most extra delay a segment draws after its serialization.
+    jitter: Duration,
+    /// The jitter draws.
+    rng: SmallRng,
+    /// When the last segment admitted so far arrives (no segment arrives before it).
+    last_arrival: Option<Instant>,
 }
 
 impl Serializer {
@@ -74,12 +91,23 @@ impl Serializer {
         Self {
             bits_per_sec: rate.bit_rate(),
             busy_until: None,
+            jitter: Duration::ZERO,
+            rng: SmallRng::seed_from_u64(0),
+            last_arrival: None,
         }
     }
 
-    /// Whether the link has no rate limit (then nothing needs serializing).
+    /// This serializer with each segment delayed by up to `jitter` after its serialization, drawn
+    /// from `seed`, in link order.
+    pub fn with_jitter(mut self, jitter: Duration, seed: u64) -> Self {
+        self.jitter = jitter;
+        self.rng = SmallRng::seed_from_u64(seed);
+        self
+    }
+
+    /// Whether the link has no rate limit and no jitter (then nothing needs holding back).
     pub fn is_unlimited(&self) -> bool {
-        self.bits_per_sec.is_none()
+        self.bits_per_sec.is_none() && self.jitter.is_zero()
     }
 
     /// Time to serialize `len` bytes, rounded up to the nanosecond so bytes never go faster than
@@ -95,8 +123,9 @@ impl Serializer {
     }
 
     /// Offers `len` bytes arriving at `now`: cuts them into segments of at most
-    /// [`SEGMENT_BYTES`] and appends each segment's length and the instant it is serialized to
-    /// `segments`, behind everything admitted before.
+    /// [`SEGMENT_BYTES`] and appends each segment's length and the instant it is through (its
+    /// serialization, then its jitter, in link order) to `segments`, behind everything admitted
+    /// before.
     pub fn admit(&mut self, now: Instant, len: usize, segments: &mut VecDeque<(Instant, usize)>) {
         let mut left = len;
         while left > 0 {
@@ -104,7 +133,16 @@ impl Serializer {
             let start = self.busy_until.map_or(now, |busy| busy.max(now));
             let done = start + self.service_time(piece);
             self.busy_until = Some(done);
-            segments.push_back((done, piece));
+            let jitter = if self.jitter.is_zero() {
+                Duration::ZERO
+            } else {
+                Duration::from_nanos(self.rng.random_range(0..=self.jitter.as_nanos() as u64))
+            };
+            let arrival = self
+                .last_arrival
+                .map_or(done + jitter, |last| last.max(done + jitter));
+            self.last_arrival = Some(arrival);
+            segments.push_back((arrival, piece));
             left -= piece;
         }
     }
@@ -118,16 +156,19 @@ pub type Wire = Arc<Mutex<Serializer>>;
 pub struct TcpLinks {
     network: Arc<Network>,
     tick: Duration,
+    seed: u64,
     wires: Mutex<HashMap<(IpAddr, IpAddr), Wire>>,
 }
 
 impl TcpLinks {
-    /// Serializers following the rates of `network`'s directed links, on a clock that moves in
-    /// steps of `tick` (the lab's [`crate::lab::TICK`]; see the module's design notes).
-    pub fn new(network: Arc<Network>, tick: Duration) -> Arc<Self> {
+    /// Serializers following the rates and jitter of `network`'s directed links, on a clock that
+    /// moves in steps of `tick` (the lab's [`crate::lab::TICK`]; see the module's design notes),
+    /// jitter drawn from `seed`.
+    pub fn new(network: Arc<Network>, tick: Duration, seed: u64) -> Arc<Self> {
         Arc::new(Self {
             network,
             tick,
+            seed,
             wires: Mutex::default(),
         })
     }
@@ -138,9 +179,16 @@ impl TcpLinks {
         lock(&self.wires)
             .entry((from, to))
             .or_insert_with(|| {
-                Arc::new(Mutex::new(Serializer::new(
-                    self.network.link(from, to).rate,
-                )))
+                let spec = self.network.link(from, to);
+                let seed = {
+                    use std::hash::{Hash, Hasher};
+                    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                    (self.seed, from, to).hash(&mut hasher);
+                    hasher.finish()
+                };
+                Arc::new(Mutex::new(
+                    Serializer::new(spec.rate).with_jitter(spec.jitter, seed),
+                ))
             })
             .clone()
     }
@@ -409,6 +457,23 @@ mod tests {
         );
     }
 
+    /// Jitter delays each segment by at most its bound after serialization, keeps link order,
+    /// and a jittered link holds reads back even without a rate.
+    #[test]
+    fn jitter_delays_segments_within_its_bound_in_link_order() {
+        let now = Instant::now();
+        let jitter = Duration::from_millis(8);
+        let mut serializer = Serializer::new(Rate::Unlimited).with_jitter(jitter, 7);
+        assert!(!serializer.is_unlimited());
+        let segments = admit_all(&mut serializer, now, 200 * SEGMENT_BYTES);
+        assert_eq!(segments.len(), 200);
+        assert!(segments
+            .iter()
+            .all(|&(at, _)| at >= now && at <= now + jitter));
+        assert!(segments.windows(2).all(|pair| pair[0].0 <= pair[1].0));
+        assert!(segments.iter().any(|&(at, _)| at > now), "some delay drawn");
+    }
+
     #[test]
     fn a_packet_rate_counts_a_segment_per_packet() {
         let now = Instant::now();
@@ -461,7 +526,7 @@ mod tests {
             rate: BYTE_PER_MICROSECOND,
             ..LinkSpec::default()
         };
-        let links = TcpLinks::new(Network::new(spec, crate::socket::Carrier::Turmoil), TICK);
+        let links = TcpLinks::new(Network::new(spec, crate::socket::Carrier::Turmoil), TICK, 1);
         let mut sim = turmoil::Builder::new()
             .tick_duration(TICK)
             .min_message_latency(latency)

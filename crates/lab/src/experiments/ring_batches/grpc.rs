@@ -500,9 +500,9 @@ pub fn run(
     // it every hop took 44 ms on a 45 ms link and the ring ping 220 ms).
     spec.latency += TICK;
     let mut lab = Lab::new(seed, spec, case.duration() + Duration::from_secs(1));
-    // turmoil's TCP has no bandwidth: every connection's bytes are serialized at the rate of the
-    // lab's link in their direction.
-    let links = TcpLinks::new(lab.network().clone(), TICK);
+    // turmoil's TCP has no bandwidth and no jitter: every connection's bytes are serialized at
+    // the rate of the lab's link in their direction and jittered as its datagrams would be.
+    let links = TcpLinks::new(lab.network().clone(), TICK, seed);
     let names: Vec<String> = (0..workload.nodes).map(|i| format!("n{i}")).collect();
     let hops: Arc<Mutex<Vec<Duration>>> = Arc::default();
     // Hosts exist before their addresses are known: relays read the table when they start.
