@@ -789,7 +789,6 @@ impl ObjectService {
             .map(|mode| Bytes::from(object::encode_fetch(clock, mode, key)));
         let me = self.inner.node.peer_id();
         let service = self.clone();
-        let max = self.inner.config.max_object_bytes;
         let attempt_deadline = config.deadline;
         let key_owned = key.to_string();
         let ask = move |peer: PeerId| {
@@ -837,25 +836,9 @@ impl ObjectService {
                         Some((stamp, content)) => Fetched::Present { stamp, content },
                     }
                 } else {
-                    let reply = service
-                        .inner
-                        .node
-                        .request(peer, FETCH, request, attempt_deadline)
-                        .await?;
-                    let answer = decode_fetched(mode, &reply, max)?;
-                    let fetched = answer.answer.map_err(|reason| {
-                        service.count_refused_answer(reason);
-                        ReplicaError::Refused(reason)
-                    })?;
-                    let version = stamp_of(&fetched).map(|stamp| stamp.version);
-                    service.accept_answer(peer, answer.clock, version)?;
-                    match fetched {
-                        Fetched::Absent => Fetched::Absent,
-                        Fetched::Present { stamp, content } => Fetched::Present {
-                            stamp,
-                            content: content.map(|range| reply.slice(range)),
-                        },
-                    }
+                    service
+                        .fetch_remote(peer, mode, request, attempt_deadline)
+                        .await?
                 };
                 if let Fetched::Present {
                     stamp,
@@ -876,6 +859,38 @@ impl ObjectService {
             .requests_per_read
             .inc_by(outcome.asked as u64);
         Ok(FetchResult { copies, outcome })
+    }
+}
+
+impl ObjectService {
+    /// Sends `peer` the fetch `request` (in `mode`) and checks its answer: a refusal is counted
+    /// and returned, the answer's clock and version must be within the accepted skew.
+    async fn fetch_remote(
+        &self,
+        peer: PeerId,
+        mode: FetchMode,
+        request: Bytes,
+        timeout: Duration,
+    ) -> Result<Fetched<Bytes>, ReplicaError> {
+        let reply = self
+            .inner
+            .node
+            .request(peer, FETCH, request, timeout)
+            .await?;
+        let answer = decode_fetched(mode, &reply, self.inner.config.max_object_bytes)?;
+        let fetched = answer.answer.map_err(|reason| {
+            self.count_refused_answer(reason);
+            ReplicaError::Refused(reason)
+        })?;
+        let version = stamp_of(&fetched).map(|stamp| stamp.version);
+        self.accept_answer(peer, answer.clock, version)?;
+        Ok(match fetched {
+            Fetched::Absent => Fetched::Absent,
+            Fetched::Present { stamp, content } => Fetched::Present {
+                stamp,
+                content: content.map(|range| reply.slice(range)),
+            },
+        })
     }
 }
 

@@ -21,13 +21,12 @@ use std::sync::Weak;
 use std::time::Duration;
 
 use bytes::Bytes;
-use meshwire::protocols::OBJECT_FETCH as FETCH;
 use meshwire::{PeerChange, PeerEvents, PeerId};
 
-use crate::proto::object::{self, decode_fetched, FetchMode};
+use crate::proto::object::{self, FetchMode};
 use crate::proto::quorum::PathHint;
 
-use super::{drive::now, lock, stamp_of, Inner, ObjectService, ReplicaError};
+use super::{drive::now, lock, Inner, ObjectService, ReplicaError};
 
 /// The key a probe asks for: any valid key does, a stored one included (version and hash only).
 pub const PROBE_KEY: &str = "meshwire.probe";
@@ -78,18 +77,14 @@ impl ObjectService {
     async fn ask_probe(&self, peer: PeerId) -> Result<(), ReplicaError> {
         let clock = self.tick()?;
         let request = Bytes::from(object::encode_fetch(clock, FetchMode::Metadata, PROBE_KEY));
-        let reply = self
-            .inner
-            .node
-            .request(peer, FETCH, request, self.inner.config.attempt_timeout)
-            .await?;
-        let answer = decode_fetched(FetchMode::Metadata, &reply, 0)?;
-        let fetched = answer.answer.map_err(|reason| {
-            self.count_refused_answer(reason);
-            ReplicaError::Refused(reason)
-        })?;
-        let version = stamp_of(&fetched).map(|stamp| stamp.version);
-        self.accept_answer(peer, answer.clock, version)
+        self.fetch_remote(
+            peer,
+            FetchMode::Metadata,
+            request,
+            self.inner.config.attempt_timeout,
+        )
+        .await
+        .map(drop)
     }
 }
 

@@ -383,7 +383,7 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
     /// hedges a stranger, with no service time known), or the prior.
     pub fn hedge_delay(&self, peer: P, hint: PathHint) -> Duration {
         match (self.peers.contains_key(&peer), hint.rtt) {
-            (false, Some(rtt)) => millis(2.0 * rtt.as_secs_f64() * 1e3),
+            (false, Some(rtt)) => stranger_expected(rtt, 0.0).1,
             _ => self.tail_latency(peer),
         }
     }
@@ -414,8 +414,8 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
                 let (score, hedge_after, timely) = match (self.peers.contains_key(&peer), hint.rtt)
                 {
                     (false, Some(rtt)) => {
-                        let expected_ms = rtt.as_secs_f64() * 1e3 + service_ms;
-                        (expected_ms, millis(2.0 * expected_ms), STRANGER_TIMELY)
+                        let (expected_ms, hedge_after) = stranger_expected(rtt, service_ms);
+                        (expected_ms, hedge_after, STRANGER_TIMELY)
                     }
                     _ => (
                         self.score_ms(peer),
@@ -476,6 +476,13 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
         let explore_index = explore.then(|| rng.random_range(config.fanout..ordered.len()));
         Ok(QuorumPlan::new(config, ordered, explore_index, now)?.with_spare(self.extra_budget()))
     }
+}
+
+/// What a stranger the transport knows a round trip `rtt` to is expected to take, in
+/// milliseconds (the round trip plus `service_ms`), and when it is late: at twice that.
+fn stranger_expected(rtt: Duration, service_ms: f64) -> (f64, Duration) {
+    let expected_ms = rtt.as_secs_f64() * 1e3 + service_ms;
+    (expected_ms, millis(2.0 * expected_ms))
 }
 
 /// The least slack of a tail estimate over the mean: RFC 9002's `kGranularity`, the timer
