@@ -180,12 +180,7 @@ impl TcpLinks {
             .entry((from, to))
             .or_insert_with(|| {
                 let spec = self.network.link(from, to);
-                let seed = {
-                    use std::hash::{Hash, Hasher};
-                    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-                    (self.seed, from, to).hash(&mut hasher);
-                    hasher.finish()
-                };
+                let seed = crate::lab::derive_seed(self.seed, &format!("tcp {from}->{to}"), 0);
                 Arc::new(Mutex::new(
                     Serializer::new(spec.rate).with_jitter(spec.jitter, seed),
                 ))
