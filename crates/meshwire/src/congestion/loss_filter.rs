@@ -24,6 +24,23 @@ pub const BASELINE_WINDOW: Duration = Duration::from_secs(10);
 /// drop-tail queue, a path that loses 1%: a 300-packet sample with no loss is common there) the
 /// margin is near zero too, so what the ceiling guards against is unchanged.
 pub const LOSS_NOISE_DEVIATIONS: f64 = 5.0;
+/// RTT samples the smoothed RTT must absorb before it enters the queue-free baseline (and before
+/// any queue is read from the RTT). quinn's smoothed RTT starts as the first sample, unsmoothed;
+/// on a jittered path that one sample sits anywhere in the jitter, and a baseline that took it
+/// read the smoothed RTT's ordinary level as a queue for the baseline window's life (a 4 ms path
+/// with up to 5 ms of jitter per datagram: baseline 5 ms from the handshake, smoothed RTT 8 ms
+/// under load, every random loss congestion). After 16 samples the first one weighs
+/// (7/8)^16 ≈ 0.12 in the smoothed RTT; they arrive within the first two or three round trips,
+/// when a new connection has not had time to build a queue.
+pub const BASELINE_SETTLING_SAMPLES: u32 = 16;
+/// Lost packets the queue-free samples of [`LossFilter::random_loss`] must hold, in sum, before
+/// their rate excuses losses at a queue: fewer say little about the rate (three losses in 300
+/// packets fit a path that loses anything from 0.2% to 3%).
+pub const RANDOM_LOSS_MIN_LOSSES: u64 = 3;
+/// A random loss rate below this excuses nothing: so rare a loss costs CUBIC little, and a
+/// lossless path's estimate, made of a few losses that an earlier overflow left in a queue-free
+/// sample, stays at zero.
+pub const RANDOM_LOSS_MIN_RATE: f64 = 0.001;
 /// The packet size samples are counted in (as [`MIN_SAMPLE_BYTES`]).
 const SAMPLE_PACKET_BYTES: u64 = 1200;
 /// Sent bytes a loss-rate sample must hold before its rate is trusted: 300 packets of 1200 B.
@@ -38,6 +55,27 @@ const QUIET_SAMPLE_ROUNDS: u32 = 8;
 /// See [`QUIET_SAMPLE_ROUNDS`].
 const QUIET_SAMPLE_TIME: Duration = Duration::from_secs(1);
 
+/// Queue-free samples in sum, for [`LossFilter::random_loss`].
+#[derive(Debug, Clone, Copy, Default)]
+struct RandomLoss {
+    sent: u64,
+    lost: u64,
+    samples: u32,
+    /// Samples that lost nothing.
+    lossless: u32,
+}
+
+impl RandomLoss {
+    fn add(&mut self, sent: u64, lost: u64) {
+        self.sent = self.sent.saturating_add(sent);
+        self.lost = self.lost.saturating_add(lost);
+        self.samples = self.samples.saturating_add(1);
+        if lost == 0 {
+            self.lossless = self.lossless.saturating_add(1);
+        }
+    }
+}
+
 /// The sans-IO part: which losses are congestion, from RTTs and per-round byte counts.
 #[derive(Debug, Clone, Default)]
 pub struct LossFilter {
@@ -47,6 +85,8 @@ pub struct LossFilter {
     last_round_rate: f64,
     /// Bytes the last whole sample held.
     last_round_sent: u64,
+    /// Bytes the last whole sample lost.
+    last_round_lost: u64,
     min_rtt: Option<Duration>,
     latest_rtt: Duration,
     /// The smoothed RTT's least value in the current and the previous [`BASELINE_WINDOW`].
@@ -55,9 +95,15 @@ pub struct LossFilter {
     /// The least loss rate of a whole sample whose losses more rate did not buy (see
     /// [`LossFilter::loss_floor`]), in the current and the previous [`BASELINE_WINDOW`].
     loss_floor: [Option<f64>; 2],
+    /// Bytes sent and lost, in sum, by the samples that set the floor (sent with no queue in the
+    /// RTT and their losses not bought by more rate), in the current and the previous
+    /// [`BASELINE_WINDOW`]: see [`LossFilter::random_loss`].
+    random_loss: [RandomLoss; 2],
     /// The send and delivery rates of the last whole sample, bytes per second.
     last_rates: Option<(f64, f64)>,
     congested: bool,
+    /// RTT samples seen, up to [`BASELINE_SETTLING_SAMPLES`] and a little beyond.
+    rtt_samples: u32,
 }
 
 impl LossFilter {
@@ -71,10 +117,14 @@ impl LossFilter {
             _ => {
                 self.baseline = [None, self.baseline[0]];
                 self.loss_floor = [None, self.loss_floor[0]];
+                self.random_loss = [RandomLoss::default(), self.random_loss[0]];
                 self.baseline_start = Some(now);
             }
         }
-        self.baseline[0] = Some(self.baseline[0].map_or(latest, |least| least.min(latest)));
+        self.rtt_samples = self.rtt_samples.saturating_add(1);
+        if self.rtt_samples > BASELINE_SETTLING_SAMPLES {
+            self.baseline[0] = Some(self.baseline[0].map_or(latest, |least| least.min(latest)));
+        }
         if !min.is_zero() {
             self.min_rtt = Some(self.min_rtt.map_or(min, |current| current.min(min)));
         }
@@ -95,6 +145,7 @@ impl LossFilter {
                 let rate = self.round_lost as f64 / self.round_sent as f64;
                 self.last_round_rate = rate;
                 self.last_round_sent = self.round_sent;
+                self.last_round_lost = self.round_lost;
                 let seconds = elapsed.unwrap_or(round).as_secs_f64().max(1e-6);
                 let sent = self.round_sent as f64 / seconds;
                 let delivered = sent * (1.0 - rate);
@@ -110,11 +161,13 @@ impl LossFilter {
                     });
                 if independent {
                     self.loss_floor[0] = Some(self.loss_floor[0].map_or(rate, |f| f.min(rate)));
+                    self.random_loss[0].add(self.round_sent, self.round_lost);
                 }
                 self.last_rates = Some((sent, delivered));
             } else if self.round_start.is_some() {
                 // A quiet sample says nothing new; an old rate fades.
                 self.last_round_rate /= 2.0;
+                self.last_round_lost /= 2;
             }
             self.round_start = Some(now);
             self.round_sent = 0;
@@ -132,6 +185,9 @@ impl LossFilter {
         let Some(min) = self.min_rtt else {
             return false;
         };
+        if self.rtt_samples <= BASELINE_SETTLING_SAMPLES {
+            return false;
+        }
         // The smoothed RTT's own recent least value, not the path's minimum: jitter and timer
         // granularity keep the smoothed RTT above the minimum all the time, a queue only while it
         // stands.
@@ -170,6 +226,58 @@ impl LossFilter {
         rate > floor + LOSS_RATE_CEILING + noise
     }
 
+    /// The share of packets the path loses at random, from the samples that set the floor (queue
+    /// free, losses not bought by more rate), once they hold [`RANDOM_LOSS_MIN_LOSSES`] lost
+    /// packets; 0 before, and 0 below [`RANDOM_LOSS_MIN_RATE`]. It is the lesser of two
+    /// estimates: their lost bytes over their sent bytes, and the rate at which a path losing
+    /// packets independently leaves as many samples without a loss as there were (the Poisson
+    /// zero count, `-ln(share of samples without loss) / packets per sample`). Losses that come
+    /// in bursts (an overflow's tail caught in a queue-free sample) raise the first and hardly
+    /// the second. Where the floor is the least sample (a guard against overdriving a policer),
+    /// this is the rate losses at a queue are measured against.
+    pub fn random_loss(&self) -> f64 {
+        let [a, b] = &self.random_loss;
+        let sum = RandomLoss {
+            sent: a.sent.saturating_add(b.sent),
+            lost: a.lost.saturating_add(b.lost),
+            samples: a.samples + b.samples,
+            lossless: a.lossless + b.lossless,
+        };
+        if sum.lost < RANDOM_LOSS_MIN_LOSSES * SAMPLE_PACKET_BYTES || sum.sent == 0 {
+            return 0.0;
+        }
+        let pooled = sum.lost as f64 / sum.sent as f64;
+        let rate = if sum.lossless == 0 {
+            pooled
+        } else {
+            let packets_per_sample =
+                sum.sent as f64 / SAMPLE_PACKET_BYTES as f64 / sum.samples as f64;
+            let zero_count = -(sum.lossless as f64 / sum.samples as f64).ln() / packets_per_sample;
+            pooled.min(zero_count)
+        };
+        if rate < RANDOM_LOSS_MIN_RATE {
+            0.0
+        } else {
+            rate
+        }
+    }
+
+    /// Whether the losses at a queue are more than the path's random loss explains: the current
+    /// sample and the last whole one together (a loss is detected a round trip after its packet
+    /// left, so the current sample alone may hold a loss and hardly any packets) lost more packets
+    /// than [`LossFilter::random_loss`] predicts for their size plus [`LOSS_NOISE_DEVIATIONS`]
+    /// of chance. On a path with no random loss seen any loss is more.
+    fn queue_losses_exceed_random(&self) -> bool {
+        let random = self.random_loss();
+        if random <= 0.0 {
+            return true;
+        }
+        let sent = self.round_sent.saturating_add(self.last_round_sent);
+        let lost = self.round_lost.saturating_add(self.last_round_lost);
+        let expected = random * (sent / SAMPLE_PACKET_BYTES) as f64;
+        (lost / SAMPLE_PACKET_BYTES) as f64 > expected + LOSS_NOISE_DEVIATIONS * expected.sqrt()
+    }
+
     /// The share of packets the path loses whatever the send rate: the least loss rate of a
     /// recent sample sent with no queue in the RTT and either no faster than the one before or
     /// with at least half of its extra rate delivered (0 while there is none).
@@ -185,8 +293,10 @@ impl LossFilter {
     /// Records a loss of `lost_bytes` (0: an ECN mark) and says whether it is congestion.
     pub fn on_loss(&mut self, lost_bytes: u64, persistent: bool) -> bool {
         self.round_lost = self.round_lost.saturating_add(lost_bytes);
-        let congestion =
-            persistent || lost_bytes == 0 || self.queue_present() || self.loss_exceeds_floor();
+        let congestion = persistent
+            || lost_bytes == 0
+            || (self.queue_present() && self.queue_losses_exceed_random())
+            || self.loss_exceeds_floor();
         self.congested |= congestion;
         congestion
     }
@@ -235,7 +345,8 @@ mod tests {
         }
 
         /// A queue standing above the queue-free baseline (the smoothed RTT above its recent
-        /// least value by the threshold) makes any loss congestion.
+        /// least value by the threshold) makes any loss congestion on a path that has shown no
+        /// random loss.
         #[test]
         fn loss_at_a_standing_queue_is_congestion(
             min_ms in 1u64..500,
@@ -244,8 +355,8 @@ mod tests {
             let min = MS * min_ms as u32;
             let threshold = min.mul_f64(QUEUE_DELAY_FRACTION).max(QUEUE_DELAY_FLOOR);
             let latest = min + threshold + threshold.mul_f64(extra_permille as f64 / 1000.0);
-            let mut filter = filter_after(2, 100_000, 0, min, min);
-            filter.on_rtt(Instant::now() + min * 3, latest, min);
+            let mut filter = filter_after(BASELINE_SETTLING_SAMPLES, 100_000, 0, min, min);
+            filter.on_rtt(Instant::now() + min * (BASELINE_SETTLING_SAMPLES + 1), latest, min);
             prop_assert!(filter.queue_present());
             prop_assert!(filter.on_loss(1200, false));
             prop_assert!(filter.congested());
@@ -398,6 +509,86 @@ mod tests {
         let floor = filter.loss_floor();
         assert!((0.03..0.1).contains(&floor), "floor {floor}");
         assert_eq!(congestion, 0);
+    }
+
+    /// A generator of i.i.d. losses with a fixed seed: true once in `one_in` calls on average.
+    fn lossy(state: &mut u64, one_in: u64) -> bool {
+        *state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (*state >> 33) % one_in == 0
+    }
+
+    /// The handshake's single RTT sample, low in a jittered path's spread, does not become the
+    /// baseline: the smoothed RTT's ordinary level under load is then no queue.
+    #[test]
+    fn a_low_first_sample_on_a_jittered_path_is_not_the_baseline() {
+        let start = Instant::now();
+        let min = 4 * MS;
+        let mut filter = LossFilter::default();
+        filter.on_rtt(start, 5 * MS, min);
+        for sample in 1..100u32 {
+            filter.on_rtt(start + MS * sample, 8 * MS + MS * (sample % 2), min);
+            assert!(!filter.queue_present(), "sample {sample}");
+        }
+    }
+
+    /// On a path that loses 1% at random, losses at a queue (or at what reads as one: jitter
+    /// that keeps a link's order raises the RTT with the rate) at the rate the queue-free samples
+    /// lost are not congestion; a burst beyond what that rate explains is.
+    #[test]
+    fn losses_at_a_queue_are_measured_against_the_random_loss_rate() {
+        let start = Instant::now();
+        let min = 20 * MS;
+        let mut filter = LossFilter::default();
+        let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut sample = 0u32;
+        let mut send_sample = |filter: &mut LossFilter, rtt: Duration| -> u32 {
+            filter.on_rtt(start + min * sample, rtt, min);
+            sample += 1;
+            let mut congestion = 0;
+            for _ in 0..500 {
+                filter.on_sent(SAMPLE_PACKET_BYTES);
+                if lossy(&mut state, 100) && filter.on_loss(SAMPLE_PACKET_BYTES, false) {
+                    congestion += 1;
+                }
+            }
+            congestion
+        };
+        for _ in 0..40 {
+            assert_eq!(send_sample(&mut filter, min), 0);
+        }
+        let random = filter.random_loss();
+        assert!((0.005..0.02).contains(&random), "random {random}");
+        let queued = min + min.mul_f64(QUEUE_DELAY_FRACTION * 2.0);
+        for _ in 0..40 {
+            assert_eq!(send_sample(&mut filter, queued), 0);
+            assert!(filter.queue_present());
+        }
+        let burst = (0..30).any(|_| filter.on_loss(SAMPLE_PACKET_BYTES, false));
+        assert!(burst);
+    }
+
+    /// On a lossless path a few losses that a queue-free sample caught (an overflow's tail)
+    /// excuse nothing at a queue: most samples lost nothing, so the random loss rate is zero.
+    #[test]
+    fn a_burst_in_queue_free_samples_is_not_a_random_loss_rate() {
+        let start = Instant::now();
+        let min = 20 * MS;
+        let mut filter = LossFilter::default();
+        for sample in 0..40u32 {
+            filter.on_rtt(start + min * sample, min, min);
+            filter.on_sent(500 * SAMPLE_PACKET_BYTES);
+            if sample == 20 {
+                for _ in 0..10 {
+                    filter.on_loss(SAMPLE_PACKET_BYTES, false);
+                }
+            }
+        }
+        assert_eq!(filter.random_loss(), 0.0);
+        filter.on_rtt(start + min * 40, min * 2, min);
+        assert!(filter.queue_present());
+        assert!(filter.on_loss(SAMPLE_PACKET_BYTES, false));
     }
 
     #[test]
