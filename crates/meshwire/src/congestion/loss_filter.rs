@@ -33,13 +33,12 @@ pub const LOSS_NOISE_DEVIATIONS: f64 = 5.0;
 /// (7/8)^16 ≈ 0.12 in the smoothed RTT; they arrive within the first two or three round trips,
 /// when a new connection has not had time to build a queue.
 pub const BASELINE_SETTLING_SAMPLES: u32 = 16;
-/// Lost packets the queue-free samples of [`LossFilter::random_loss`] must hold, in sum, before
+/// Lost packets the samples of [`LossFilter::random_loss`] must hold, in sum, before
 /// their rate excuses losses at a queue: fewer say little about the rate (three losses in 300
 /// packets fit a path that loses anything from 0.2% to 3%).
 pub const RANDOM_LOSS_MIN_LOSSES: u64 = 3;
 /// A random loss rate below this excuses nothing: so rare a loss costs CUBIC little, and a
-/// lossless path's estimate, made of a few losses that an earlier overflow left in a queue-free
-/// sample, stays at zero.
+/// lossless path's estimate, made of the few samples an overflow left losses in, stays at zero.
 pub const RANDOM_LOSS_MIN_RATE: f64 = 0.001;
 /// The packet size samples are counted in (as [`MIN_SAMPLE_BYTES`]).
 const SAMPLE_PACKET_BYTES: u64 = 1200;
@@ -95,9 +94,8 @@ pub struct LossFilter {
     /// The least loss rate of a whole sample whose losses more rate did not buy (see
     /// [`LossFilter::loss_floor`]), in the current and the previous [`BASELINE_WINDOW`].
     loss_floor: [Option<f64>; 2],
-    /// Bytes sent and lost, in sum, by the samples that set the floor (sent with no queue in the
-    /// RTT and their losses not bought by more rate), in the current and the previous
-    /// [`BASELINE_WINDOW`]: see [`LossFilter::random_loss`].
+    /// Every whole sample's bytes sent and lost, and how many lost nothing, in the current and the
+    /// previous [`BASELINE_WINDOW`]: see [`LossFilter::random_loss`].
     random_loss: [RandomLoss; 2],
     /// The send and delivery rates of the last whole sample, bytes per second.
     last_rates: Option<(f64, f64)>,
@@ -161,8 +159,8 @@ impl LossFilter {
                     });
                 if independent {
                     self.loss_floor[0] = Some(self.loss_floor[0].map_or(rate, |f| f.min(rate)));
-                    self.random_loss[0].add(self.round_sent, self.round_lost);
                 }
+                self.random_loss[0].add(self.round_sent, self.round_lost);
                 self.last_rates = Some((sent, delivered));
             } else if self.round_start.is_some() {
                 // A quiet sample says nothing new; an old rate fades.
@@ -226,15 +224,17 @@ impl LossFilter {
         rate > floor + LOSS_RATE_CEILING + noise
     }
 
-    /// The share of packets the path loses at random, from the samples that set the floor (queue
-    /// free, losses not bought by more rate), once they hold [`RANDOM_LOSS_MIN_LOSSES`] lost
-    /// packets; 0 before, and 0 below [`RANDOM_LOSS_MIN_RATE`]. It is the lesser of two
-    /// estimates: their lost bytes over their sent bytes, and the rate at which a path losing
-    /// packets independently leaves as many samples without a loss as there were (the Poisson
-    /// zero count, `-ln(share of samples without loss) / packets per sample`). Losses that come
-    /// in bursts (an overflow's tail caught in a queue-free sample) raise the first and hardly
-    /// the second. Where the floor is the least sample (a guard against overdriving a policer),
-    /// this is the rate losses at a queue are measured against.
+    /// The share of packets the path loses at random, from every whole sample of the last 10–20 s,
+    /// once they hold [`RANDOM_LOSS_MIN_LOSSES`] lost packets; 0 before, and 0 below
+    /// [`RANDOM_LOSS_MIN_RATE`]. It is the lesser of two estimates: their lost bytes over their
+    /// sent bytes, and the rate at which a path losing packets independently leaves as many
+    /// samples without a loss as there were (the Poisson zero count, `-ln(share of samples
+    /// without loss) / packets per sample`). A queue's overflows come in bursts, a few samples
+    /// losing many packets and the rest none: they raise the first estimate and hardly the
+    /// second. Samples at a queue count too: on a path with jitter of several times its RTT
+    /// every sample shows one, and only they can tell its random loss. Where the floor is the
+    /// least sample (a guard against overdriving a policer), this is the rate losses at a queue
+    /// are measured against.
     pub fn random_loss(&self) -> f64 {
         let [a, b] = &self.random_loss;
         let sum = RandomLoss {
@@ -569,8 +569,8 @@ mod tests {
         assert!(burst);
     }
 
-    /// On a lossless path a few losses that a queue-free sample caught (an overflow's tail)
-    /// excuse nothing at a queue: most samples lost nothing, so the random loss rate is zero.
+    /// On a lossless path a burst of losses in one sample (an overflow) excuses nothing at a
+    /// queue: most samples lost nothing, so the random loss rate is zero.
     #[test]
     fn a_burst_in_queue_free_samples_is_not_a_random_loss_rate() {
         let start = Instant::now();
