@@ -495,10 +495,7 @@ mod tests {
             filter.on_rtt(start + min * sample, min, min);
             for _ in 0..MIN_SAMPLE_BYTES / SAMPLE_PACKET_BYTES {
                 filter.on_sent(SAMPLE_PACKET_BYTES);
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                if (state >> 33) % 10 == 0
+                if lossy(&mut state, 10)
                     && filter.on_loss(SAMPLE_PACKET_BYTES, false)
                     && sample >= 4
                 {
