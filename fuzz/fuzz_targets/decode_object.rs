@@ -7,6 +7,8 @@
 //! * a decoded full copy or store request has content within the limit that matches its hash;
 //! * a decoded store request re-encodes to exactly the bytes it was decoded from;
 //! * a decoded fetch request re-encodes to exactly its bytes;
+//! * a decoded stamps request names at most `MAX_STAMP_KEYS` keys, a decoded stamps answer holds
+//!   exactly the entries asked for, and both re-encode to exactly their bytes;
 //! * a decoded store response or refusal re-encodes to exactly its bytes;
 //! * a decoded conditional-write request or answer re-encodes to exactly its bytes;
 //! * a decoded anti-entropy digest message or listing re-encodes to exactly its bytes, and a
@@ -24,6 +26,7 @@ use meshwire_objects::proto::object::{
     self, content_hash, decode_fetch, decode_fetched, decode_store, decode_stored, FetchMode,
     Fetched,
 };
+use meshwire_objects::proto::stamps;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&max, message)) = data.split_first() else {
@@ -56,6 +59,21 @@ fuzz_target!(|data: &[u8]| {
                 Ok(_) => {}
             }
         }
+    }
+    if let Ok(request) = stamps::decode_stamps_request(message) {
+        assert!(!request.keys.is_empty() && request.keys.len() <= stamps::MAX_STAMP_KEYS);
+        assert_eq!(stamps::encode_stamps_request(request.clock, &request.keys), message);
+    }
+    let keys = max % (stamps::MAX_STAMP_KEYS + 1);
+    if let Ok(answer) = stamps::decode_stamps_answer(message, keys) {
+        let again = match answer.answer {
+            Ok(stamps_held) => {
+                assert_eq!(stamps_held.len(), keys);
+                stamps::encode_stamps_answer(answer.clock, &stamps_held)
+            }
+            Err(reason) => object::encode_refusal(answer.clock, reason),
+        };
+        assert_eq!(again, message);
     }
     // The head of a full fetch's answer read as a stream.
     if let Ok(Some((answer_clock, stamp))) = object::decode_fetched_head(message) {

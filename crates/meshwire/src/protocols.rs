@@ -40,6 +40,8 @@ pub const OBJECT_STORE: ProtocolId = ProtocolId(0x6f62_0002);
 pub const OBJECT_CAS: ProtocolId = ProtocolId(0x6f62_0003);
 /// Anti-entropy digest exchanges between object replicas (`meshwire-objects`), "ob\0\x04".
 pub const OBJECT_SYNC: ProtocolId = ProtocolId(0x6f62_0004);
+/// Requests for the versions and hashes of several objects at once (`meshwire-objects`), "ob\0\x05".
+pub const OBJECT_STAMPS: ProtocolId = ProtocolId(0x6f62_0005);
 /// Batches of a [`crate::pipeline`], "PIPE".
 pub const PIPELINE: ProtocolId = ProtocolId(0x5049_5045);
 /// Round-trip probes of a [`crate::pipeline`], "PING".
@@ -60,7 +62,7 @@ pub const FANOUT: ProtocolId = ProtocolId(40);
 pub const HOP: ProtocolId = ProtocolId(50);
 
 /// Every protocol id meshwire's own services use (all in the reserved ranges).
-pub const SERVICES: [ProtocolId; 9] = [
+pub const SERVICES: [ProtocolId; 10] = [
     SESSION_DATAGRAM,
     GOSSIP,
     SESSION_RELAY,
@@ -68,6 +70,7 @@ pub const SERVICES: [ProtocolId; 9] = [
     OBJECT_STORE,
     OBJECT_CAS,
     OBJECT_SYNC,
+    OBJECT_STAMPS,
     PIPELINE,
     PIPELINE_PING,
 ];

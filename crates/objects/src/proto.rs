@@ -6,4 +6,5 @@ pub mod entropy;
 pub mod headers;
 pub mod object;
 pub mod quorum;
+pub mod stamps;
 pub mod topic;

@@ -89,11 +89,12 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use meshwire::protocols::OBJECT_FETCH;
+use meshwire::protocols::{OBJECT_FETCH, OBJECT_STAMPS};
 use meshwire::PeerId;
 use meshwire_objects::net::{Daemon, ObjectConfig};
 use meshwire_objects::proto::object::{content_hash, decode_fetch, Stamp};
 use meshwire_objects::proto::quorum::{Policy, QuorumConfig};
+use meshwire_objects::proto::stamps::decode_stamps_request;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -344,7 +345,30 @@ pub fn run(
                 }
                 let name = context.name.clone();
                 let seed = context.seed;
-                // Fetches are served here instead, after each host's service time.
+                // Fetches are served here instead, after each host's service time; a request
+                // for several keys' stamps after the longest of theirs.
+                node.stop_handling(OBJECT_STAMPS);
+                let (stamps_service, stamps_name) = (service.clone(), name.clone());
+                node.handle(OBJECT_STAMPS, move |peer, body: Bytes| {
+                    let service = stamps_service.clone();
+                    let delay = match kind {
+                        Health::Slow => Duration::from_millis(slow_ms),
+                        _ => decode_stamps_request(&body)
+                            .ok()
+                            .and_then(|request| {
+                                request
+                                    .keys
+                                    .iter()
+                                    .map(|key| service_time(seed, &stamps_name, key, service_max))
+                                    .max()
+                            })
+                            .unwrap_or_default(),
+                    };
+                    async move {
+                        tokio::time::sleep(delay).await;
+                        service.serve_stamps(peer, body).await
+                    }
+                })?;
                 node.stop_handling(OBJECT_FETCH);
                 node.handle(OBJECT_FETCH, move |peer, body: Bytes| {
                     let service = service.clone();

@@ -62,7 +62,8 @@ use crate::proto::quorum::{
 };
 use bytes::Bytes;
 use meshwire::protocols::{
-    OBJECT_CAS as CAS, OBJECT_FETCH as FETCH, OBJECT_STORE as STORE, OBJECT_SYNC as SYNC,
+    OBJECT_CAS as CAS, OBJECT_FETCH as FETCH, OBJECT_STAMPS as STAMPS, OBJECT_STORE as STORE,
+    OBJECT_SYNC as SYNC,
 };
 use meshwire::{HandlerError, Node, PeerId};
 use rand::rngs::SmallRng;
@@ -79,6 +80,7 @@ mod modes;
 mod probe;
 mod read;
 mod serve;
+mod stamps;
 mod store_calls;
 mod streamed;
 mod warn_limit;
@@ -299,6 +301,8 @@ struct Inner {
     entropy_buckets: Mutex<HashMap<PeerId, usize>>,
     /// When a refused request from a peer was last logged at warn ([`warn_limit`]).
     refusal_warnings: Mutex<warn_limit::WarnLimit<(PeerId, &'static str)>>,
+    /// Version requests waiting to be sent, per replica ([`stamps`]).
+    stamp_queues: Mutex<stamps::StampQueues>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -334,6 +338,7 @@ impl ObjectService {
                 metrics: ObjectMetrics::default(),
                 entropy_buckets: Mutex::new(HashMap::new()),
                 refusal_warnings: Mutex::new(warn_limit::WarnLimit::default()),
+                stamp_queues: Mutex::new(stamps::StampQueues::default()),
             }),
         };
         service.set_members(options.members);
@@ -384,6 +389,16 @@ impl ObjectService {
                 "object_probe_requests",
                 "Version-and-hash probes sent to members as their connections came up",
                 metrics.probe_requests.clone(),
+            );
+            registry.register(
+                "object_stamp_requests",
+                "Version requests sent to replicas, one per request message: a lone metadata fetch or a gathered stamps request",
+                metrics.stamp_requests.clone(),
+            );
+            registry.register(
+                "object_stamp_request_keys",
+                "Keys asked in those requests (over object_stamp_requests_total: keys per request)",
+                metrics.stamp_request_keys.clone(),
             );
             registry.register(
                 "object_refused_requests",
@@ -456,6 +471,11 @@ impl ObjectService {
                 }
             })?;
         }
+        let weak = Arc::downgrade(&service.inner);
+        node.handle(STAMPS, move |peer, body| {
+            let service = upgrade(&weak);
+            async move { service?.serve_stamps(peer, body).await }
+        })?;
         let weak = Arc::downgrade(&service.inner);
         node.handle(SYNC, move |peer, body| {
             let service = upgrade(&weak);
@@ -713,6 +733,8 @@ impl ObjectService {
                         None => Fetched::Absent,
                         Some((stamp, content)) => Fetched::Present { stamp, content },
                     }
+                } else if mode == FetchMode::Metadata {
+                    service.fetch_stamp(peer, &key, attempt_deadline).await?
                 } else {
                     service
                         .fetch_remote(peer, mode, request, attempt_deadline)

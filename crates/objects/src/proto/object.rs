@@ -27,7 +27,8 @@
 //! ```
 //!
 //! The anti-entropy messages (`OBJECT_SYNC`) are in [`crate::proto::entropy`]; pulls and pushes
-//! are the fetch and store messages above.
+//! are the fetch and store messages above. Version requests for several keys at once
+//! (`OBJECT_STAMPS`) are in [`crate::proto::stamps`].
 //!
 //! Refusal reasons ([`Refusal`]): 1 = the sender is not a member of the replica's cluster,
 //! 2 = the sender's clock or a version it carries is further ahead than the accepted skew,
@@ -78,6 +79,9 @@ pub enum ObjectError {
         /// The limit.
         max: usize,
     },
+    /// A request names more keys than one request may ([`crate::proto::stamps::MAX_STAMP_KEYS`]).
+    #[error("more than {0} keys in one request")]
+    TooManyKeys(usize),
 }
 
 /// Checks that `key` is 1..=256 bytes of `[A-Za-z0-9._-]`, and not `.` or `..`.
@@ -225,7 +229,7 @@ pub(crate) fn write_stamp(out: &mut Vec<u8>, stamp: &Stamp) {
 }
 
 /// Splits a message into the sender's clock and the rest.
-fn split_clock(bytes: &[u8]) -> Result<(u64, &[u8]), ObjectError> {
+pub(crate) fn split_clock(bytes: &[u8]) -> Result<(u64, &[u8]), ObjectError> {
     Ok((read_u64(bytes)?, &bytes[CLOCK_LEN..]))
 }
 

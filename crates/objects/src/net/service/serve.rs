@@ -239,6 +239,6 @@ impl ObjectService {
     }
 }
 
-fn handler_error(error: impl std::error::Error + Send + Sync + 'static) -> HandlerError {
+pub(super) fn handler_error(error: impl std::error::Error + Send + Sync + 'static) -> HandlerError {
     HandlerError::Failed(Box::new(error))
 }
