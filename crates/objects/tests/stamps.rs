@@ -112,6 +112,24 @@ async fn concurrent_reads_share_stamps_requests_and_each_gets_its_own_answer() {
         requests > 0 && asked > requests,
         "{asked} keys in {requests} requests"
     );
+
+    // Twenty concurrent reads of one key: each replica is asked for it once per request, not
+    // once per read, and every read gets the key's copy.
+    let reads = (0..20).map(|_| {
+        reader
+            .service()
+            .read_from(&candidates, &keys[1], QuorumConfig::hedged(3, DEADLINE))
+    });
+    for read in futures_util::future::join_all(reads).await {
+        let object = read.unwrap().object.expect("the key is held");
+        assert_eq!(object.content, keys[1].as_bytes());
+        assert_eq!(object.stamp.version, versions[1]);
+    }
+    let asked_again = counted(reader, "meshwire_object_stamp_request_keys_total", None) - asked;
+    assert!(
+        asked_again < 20,
+        "{asked_again} keys asked for 20 reads of one key"
+    );
     for daemon in nodes {
         daemon.shutdown().await.unwrap();
     }

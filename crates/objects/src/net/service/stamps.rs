@@ -5,9 +5,10 @@
 //! The first version request to a replica with none waiting spawns a sender and queues itself;
 //! the sender yields once (tokio runs a yielded task after the work already queued on its worker
 //! and a poll of the sockets, or as soon as the worker would otherwise wait), then takes every
-//! request queued to that replica meanwhile and sends them: one alone as a plain metadata fetch,
-//! as before, more as one stamps request of at most [`MAX_STAMP_KEYS`] keys each. An idle node
-//! therefore sends each read's request at once; a busy one sends one request where it sent many.
+//! request queued to that replica meanwhile and sends them: one key alone as a plain metadata
+//! fetch, as before, more as one stamps request per [`MAX_STAMP_KEYS`] waiting reads, each
+//! distinct key asked once. An idle node therefore sends each read's request at once; a busy one
+//! sends one request where it sent many.
 //! On the 2-core loopback cluster of `bench/http.sh` a replica spent about 37 µs of CPU per
 //! version request it answered, almost all of it the request's stream, tasks and wake-ups, not
 //! the lookup.
@@ -37,6 +38,8 @@ type StampAnswer = Result<(u64, Option<Stamp>), ReplicaError>;
 #[derive(Debug)]
 struct Waiting {
     key: String,
+    /// How long the read waits for this replica.
+    timeout: Duration,
     reply: oneshot::Sender<StampAnswer>,
 }
 
@@ -59,12 +62,13 @@ impl ObjectService {
             let queue = queues.0.entry(peer).or_default();
             queue.push(Waiting {
                 key: key.to_string(),
+                timeout,
                 reply,
             });
             queue.len() == 1
         };
         if first {
-            tokio::spawn(self.clone().send_stamps(peer, timeout));
+            tokio::spawn(self.clone().send_stamps(peer));
         }
         // The sender answers every request it took, within the request's own deadline; a
         // dropped sender means the service is stopping.
@@ -82,7 +86,7 @@ impl ObjectService {
     }
 
     /// Sends the version requests queued to `peer` once the runtime has run what it had queued.
-    async fn send_stamps(self, peer: PeerId, timeout: Duration) {
+    async fn send_stamps(self, peer: PeerId) {
         tokio::task::yield_now().await;
         let waiting = lock(&self.inner.stamp_queues)
             .0
@@ -92,39 +96,52 @@ impl ObjectService {
         let mut waiting = waiting.into_iter().peekable();
         while waiting.peek().is_some() {
             let batch: Vec<Waiting> = waiting.by_ref().take(MAX_STAMP_KEYS).collect();
-            batches.push(self.send_batch(peer, batch, timeout));
+            batches.push(self.send_batch(peer, batch));
         }
         futures_util::future::join_all(batches).await;
     }
 
-    /// Sends one batch of version requests to `peer` and answers each.
-    async fn send_batch(&self, peer: PeerId, batch: Vec<Waiting>, timeout: Duration) {
+    /// Sends one batch of version requests to `peer`, each distinct key asked once (concurrent
+    /// reads of a hot key are common), under the longest of their timeouts, and answers each.
+    async fn send_batch(&self, peer: PeerId, batch: Vec<Waiting>) {
+        let mut keys: Vec<&str> = Vec::new();
+        let slots: Vec<usize> = batch
+            .iter()
+            .map(|w| {
+                keys.iter().position(|k| *k == w.key).unwrap_or_else(|| {
+                    keys.push(&w.key);
+                    keys.len() - 1
+                })
+            })
+            .collect();
+        let timeout = batch.iter().map(|w| w.timeout).max().unwrap_or_default();
         self.inner.metrics.stamp_requests.inc();
         self.inner
             .metrics
             .stamp_request_keys
-            .inc_by(batch.len() as u64);
-        let answers: Vec<StampAnswer> = match self.ask_stamps(peer, &batch, timeout).await {
-            Ok((clock, stamps)) => stamps.into_iter().map(|s| Ok((clock, s))).collect(),
-            Err(error) => batch.iter().map(|_| Err(shared(&error))).collect(),
-        };
-        for (waiting, answer) in batch.into_iter().zip(answers) {
+            .inc_by(keys.len() as u64);
+        let answered = self.ask_stamps(peer, &keys, timeout).await;
+        for (waiting, slot) in batch.into_iter().zip(slots) {
+            let answer = match &answered {
+                Ok((clock, stamps)) => Ok((*clock, stamps[slot])),
+                Err(error) => Err(shared(error)),
+            };
             // A read that gave up has dropped its receiver.
             let _ = waiting.reply.send(answer);
         }
     }
 
-    /// One request for the stamps of `batch`'s keys: a plain metadata fetch for one key.
+    /// One request for the stamps of `keys` (distinct): a plain metadata fetch for one key.
     async fn ask_stamps(
         &self,
         peer: PeerId,
-        batch: &[Waiting],
+        keys: &[&str],
         timeout: Duration,
     ) -> Result<(u64, Vec<Option<Stamp>>), ReplicaError> {
         let clock = self.tick()?;
         let node = &self.inner.node;
-        let answer = if let [one] = batch {
-            let request = object::encode_fetch(clock, FetchMode::Metadata, &one.key);
+        let answer = if let [key] = keys {
+            let request = object::encode_fetch(clock, FetchMode::Metadata, key);
             let reply = node.request(peer, FETCH, request.into(), timeout).await?;
             let answer = object::decode_fetched(FetchMode::Metadata, &reply, 0)?;
             object::Answer {
@@ -132,8 +149,7 @@ impl ObjectService {
                 answer: answer.answer.map(|fetched| vec![super::stamp_of(&fetched)]),
             }
         } else {
-            let keys: Vec<&str> = batch.iter().map(|w| w.key.as_str()).collect();
-            let request = wire::encode_stamps_request(clock, &keys);
+            let request = wire::encode_stamps_request(clock, keys);
             let reply = node.request(peer, STAMPS, request.into(), timeout).await?;
             wire::decode_stamps_answer(&reply, keys.len())?
         };
