@@ -600,6 +600,12 @@ impl ObjectService {
         })
     }
 
+    /// A replica's refusal as the replica's error, counted.
+    fn refused_answer(&self, reason: object::Refusal) -> ReplicaError {
+        self.count_refused_answer(reason);
+        ReplicaError::Refused(reason)
+    }
+
     fn count_refused_answer(&self, reason: object::Refusal) {
         self.inner
             .metrics
@@ -683,8 +689,6 @@ impl ObjectService {
         object::validate_key(key).map_err(ObjectServiceError::InvalidKey)?;
         let plan = self.plan(config, candidates)?;
         let clock = self.tick().map_err(ObjectServiceError::Clock)?;
-        let requests = [FetchMode::Metadata, FetchMode::Full, FetchMode::FullIfSmall]
-            .map(|mode| Bytes::from(object::encode_fetch(clock, mode, key)));
         let me = self.inner.node.peer_id();
         let service = self.clone();
         let attempt_deadline = config.deadline;
@@ -698,12 +702,6 @@ impl ObjectService {
                     idle: scores.oldest_outstanding(peer, drive::now()).is_none(),
                 }
             });
-            let request = requests[match mode {
-                FetchMode::Metadata => 0,
-                FetchMode::Full => 1,
-                FetchMode::FullIfSmall => 2,
-            }]
-            .clone();
             let modes = modes.clone();
             let key = key_owned.clone();
             async move {
@@ -736,6 +734,8 @@ impl ObjectService {
                 } else if mode == FetchMode::Metadata {
                     service.fetch_stamp(peer, &key, attempt_deadline).await?
                 } else {
+                    // A content request: version requests went to `fetch_stamp` above.
+                    let request = Bytes::from(object::encode_fetch(clock, mode, &key));
                     service
                         .fetch_remote(peer, mode, request, attempt_deadline)
                         .await?
@@ -778,10 +778,9 @@ impl ObjectService {
             .request(peer, FETCH, request, timeout)
             .await?;
         let answer = decode_fetched(mode, &reply, self.inner.config.max_object_bytes)?;
-        let fetched = answer.answer.map_err(|reason| {
-            self.count_refused_answer(reason);
-            ReplicaError::Refused(reason)
-        })?;
+        let fetched = answer
+            .answer
+            .map_err(|reason| self.refused_answer(reason))?;
         let version = stamp_of(&fetched).map(|stamp| stamp.version);
         self.accept_answer(peer, answer.clock, version)?;
         Ok(match fetched {

@@ -657,10 +657,7 @@ impl ObjectService {
                     };
                     let (clock, answer) = cas::decode_cas_answer(&reply)?;
                     service.accept_answer(peer, clock, None)?;
-                    answer.map_err(|reason: Refusal| {
-                        service.count_refused_answer(reason);
-                        ReplicaError::Refused(reason)
-                    })?
+                    answer.map_err(|reason: Refusal| service.refused_answer(reason))?
                 };
                 match answer {
                     CasAnswer::Done => Ok(()),

@@ -303,10 +303,7 @@ impl ObjectService {
         })?;
         let listed = match answer.answer {
             Ok(listed) => listed,
-            Err(reason) => {
-                self.count_refused_answer(reason);
-                return Err(ReplicaError::Refused(reason).into());
-            }
+            Err(reason) => return Err(self.refused_answer(reason).into()),
         };
         self.accept_answer(peer, answer.clock, None)?;
         if listed.iter().any(|bucket| !bucket.complete) {
@@ -538,10 +535,9 @@ impl ObjectService {
             .await?;
         self.count_received(reply.len() as u64);
         let answer = decode_fetched(FetchMode::Full, &reply, self.inner.config.max_object_bytes)?;
-        let fetched = answer.answer.map_err(|reason| {
-            self.count_refused_answer(reason);
-            ReplicaError::Refused(reason)
-        })?;
+        let fetched = answer
+            .answer
+            .map_err(|reason| self.refused_answer(reason))?;
         let Fetched::Present {
             stamp,
             content: Some(range),

@@ -386,9 +386,6 @@ impl ObjectService {
     pub(super) fn stored_answer(&self, peer: PeerId, reply: &[u8]) -> Result<Stored, ReplicaError> {
         let answer = decode_stored(reply)?;
         self.accept_answer(peer, answer.clock, None)?;
-        answer.answer.map_err(|reason| {
-            self.count_refused_answer(reason);
-            ReplicaError::Refused(reason)
-        })
+        answer.answer.map_err(|reason| self.refused_answer(reason))
     }
 }

@@ -153,10 +153,9 @@ impl ObjectService {
             let reply = node.request(peer, STAMPS, request.into(), timeout).await?;
             wire::decode_stamps_answer(&reply, keys.len())?
         };
-        let stamps = answer.answer.map_err(|reason| {
-            self.count_refused_answer(reason);
-            ReplicaError::Refused(reason)
-        })?;
+        let stamps = answer
+            .answer
+            .map_err(|reason| self.refused_answer(reason))?;
         Ok((answer.clock, stamps))
     }
 
