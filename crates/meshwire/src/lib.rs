@@ -36,7 +36,9 @@ pub mod protocols;
 pub mod tls;
 mod udp;
 
-pub use config::{ConfigError, Congestion, NodeConfig, QueueLimits, TransportSettings};
+pub use config::{
+    ConfigError, Congestion, NodeConfig, QueueLimits, TransportSettings, MAX_ACK_DELAY,
+};
 pub use datagram::{DatagramError, InboundDatagram};
 pub use identity::{warn_if_readable_by_others, IdentityError, Keypair, IDENTITY_FILE};
 pub use meshwire_proto::backoff::Backoff;

@@ -123,6 +123,37 @@ async fn ten_thousand_messages_arrive_complete_and_in_order() {
     assert_eq!(b.metrics().dropped_count("no_subscriber"), 0);
 }
 
+/// Each end asks the other, by an ACK_FREQUENCY frame, to acknowledge within
+/// `meshwire::MAX_ACK_DELAY` rather than quinn's 25 ms, so a lost tail is probed about a round
+/// trip after it was sent.
+#[tokio::test]
+async fn each_end_asks_its_peer_for_prompt_acknowledgements() {
+    let a = start(1);
+    let b = start(2);
+    let mut inbox = b.subscribe(CHAT).unwrap();
+    connect(&a, &b).await;
+    a.send(b.peer_id(), CHAT, Bytes::from_static(b"hello"))
+        .await
+        .unwrap();
+    tokio::time::timeout(PATIENCE, inbox.recv())
+        .await
+        .expect("message never arrived")
+        .expect("inbox closed");
+    let frames = |node: &Node, peer| {
+        let stats = node.connection_stats(peer).unwrap();
+        (stats.frame_tx.ack_frequency, stats.frame_rx.ack_frequency)
+    };
+    tokio::time::timeout(PATIENCE, async {
+        while frames(&a, b.peer_id()).0 == 0 || frames(&b, a.peer_id()).1 == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("no ACK_FREQUENCY frame was exchanged");
+    assert!(frames(&a, b.peer_id()).0 >= 1, "a asked b");
+    assert!(frames(&b, a.peer_id()).1 >= 1, "b heard a's request");
+}
+
 #[tokio::test]
 async fn send_many_delivers_identical_payloads_to_every_peer() {
     let sender = start(10);
