@@ -100,8 +100,7 @@ impl Default for TransportSettings {
     }
 }
 
-/// How long a meshwire receiver may hold back the acknowledgement of a lone packet: quinn's
-/// timer granularity, and the least `min_ack_delay` it advertises.
+/// How long a meshwire receiver may hold back the acknowledgement of a flight's last packet.
 ///
 /// A sender arms its probe timeout (RFC 9002 §6.2) at the smoothed RTT, four RTT deviations and
 /// the peer's `max_ack_delay`, 25 ms by default, since the peer may sit that long on the last
@@ -113,14 +112,23 @@ impl Default for TransportSettings {
 /// to acknowledge within this delay instead; the threshold stays at quinn's default of an ACK
 /// every second packet, and a packet out of order is still acknowledged at once, so only a
 /// flight's last odd packet is acknowledged sooner. A peer without the extension keeps its own
-/// delay. Measured (`meshwire lab sweep scenarios/sweeps/ring.toml`, meshwire only, seeds 1–12,
-/// 10 cases each): the worst hop p50 over floor of any seed went from 6.96 to 4.49 and the worst
-/// p99 from 26.5 to 7.8, the mean of the seeds' medians stayed at 1.13; 5 ms instead of 1 ms gave
-/// 5.59 and 10.9. The session sweep (`scenarios/sweeps/session.toml`, seeds 1–6) moved the other
-/// way on two seeds (median 2.08 → 2.52 and 2.42 → 2.78; the other four within ±0.05), not
-/// explained yet: the lossless case that slowed most (seed 3, case 6) saw fewer losses, and no
-/// persistent congestion, with the shorter delay.
-pub const MAX_ACK_DELAY: Duration = Duration::from_millis(1);
+/// delay.
+///
+/// Why 2 ms: the shorter the delay, the sooner a lost tail is probed, but a packet that arrives
+/// more than the delay after the one before it is then acknowledged alone, and on a path limited
+/// in packets per second (the multipath session's relays) those acknowledgements take slots.
+/// Measured with `meshwire lab sweep` (meshwire policy only; ring: `scenarios/sweeps/ring.toml`,
+/// seeds 1–12, worst hop p50 / worst p99 over floor of any seed, mean of the seeds' p50 medians;
+/// session: `scenarios/sweeps/session.toml`, seeds 1–6, mean of the seeds' medians):
+///
+/// | delay | ring worst p50 | ring worst p99 | ring mean median | session mean median |
+/// |---|---|---|---|---|
+/// | 25 ms (quinn) | 6.96 | 26.5 | 1.127 | 2.175 |
+/// | 1 ms | 4.49 | 7.8 | 1.133 | 2.306 |
+/// | 2 ms | 4.42 | 8.6 | 1.104 | 2.171 |
+/// | 3 ms | 4.61 | 9.3 | 1.107 | 2.172 |
+/// | 5 ms | 5.59 | 10.9 | 1.107 | — |
+pub const MAX_ACK_DELAY: Duration = Duration::from_millis(2);
 
 fn ack_frequency() -> quinn::AckFrequencyConfig {
     let mut ack = quinn::AckFrequencyConfig::default();
