@@ -107,16 +107,17 @@ impl Default for TransportSettings {
 /// packet of a flight before acknowledging it. When the last packets of a batch are lost, that
 /// timeout is what finds them, so on short paths the 25 ms dominated: on a 1 ms, 354 Mbit/s lab
 /// path with 4 ms of jitter a 108 KB batch whose tail overflowed the queue took 49 ms against a
-/// 7 ms floor (ring sweep seed 7, case 9). Each meshwire connection asks its peer, by the ACK
-/// frequency extension (draft-ietf-quic-ack-frequency, which quinn implements and advertises),
-/// to acknowledge within this delay instead; the threshold stays at quinn's default of an ACK
+/// 7 ms floor (ring sweep seed 7, case 9; 29 ms with this delay). Each meshwire connection asks
+/// its peer, by the ACK frequency extension (draft-ietf-quic-ack-frequency, which quinn
+/// implements and advertises), to acknowledge within this delay instead; the threshold stays at quinn's default of an ACK
 /// every second packet, and a packet out of order is still acknowledged at once, so only a
 /// flight's last odd packet is acknowledged sooner. A peer without the extension keeps its own
 /// delay.
 ///
 /// Why 2 ms: the shorter the delay, the sooner a lost tail is probed, but a packet that arrives
-/// more than the delay after the one before it is then acknowledged alone, and on a path limited
-/// in packets per second (the multipath session's relays) those acknowledgements take slots.
+/// more than the delay after the one before it is then acknowledged alone. At 1 ms the session
+/// sweep's medians rose (seed 3, case 6, lossless: 0.82 s → 1.21 s for the same number of
+/// datagrams sent; why is not traced yet); at 2 ms they are where quinn's 25 ms left them.
 /// Measured with `meshwire lab sweep` (meshwire policy only; ring: `scenarios/sweeps/ring.toml`,
 /// seeds 1–12, worst hop p50 / worst p99 over floor of any seed, mean of the seeds' p50 medians;
 /// session: `scenarios/sweeps/session.toml`, seeds 1–6, mean of the seeds' medians):
