@@ -132,8 +132,11 @@ impl Default for TransportSettings {
 ///
 /// Why the session loses below 5 ms is not traced. With the request at any delay (25 ms
 /// included), `session-quic`'s `losses-0.01+0.1` row comes out near 0.92 at most seeds but at
-/// 0.77–0.87 at two or three of seeds 1–6 (0.905–0.923 at all six without it; the row is known to
-/// sit on a knife edge, `meshwire-session`'s docs).
+/// 0.77–0.87 at two or three of seeds 1–6 (0.905–0.923 at all six without it). A request for
+/// 25 ms changes nothing but the one ACK_FREQUENCY frame itself (quinn's defaults are 25 ms and
+/// the same thresholds, and two quinn peers already mark probes for an immediate ACK), so that
+/// spread is the row's sensitivity to where packet boundaries fall, which `meshwire-session`'s
+/// docs describe as a knife edge, not an effect of the delay.
 pub const MAX_ACK_DELAY: Duration = Duration::from_millis(5);
 
 fn ack_frequency() -> quinn::AckFrequencyConfig {
