@@ -648,7 +648,9 @@ mod tests {
     proptest! {
         /// A run of packets one acknowledgement reveals lost, on a path that has shown no queue
         /// and less random loss than the run explains, is an overflow: congestion, and no part
-        /// of the random loss rate or the loss floor.
+        /// of the random loss rate or the loss floor. (A run that the random rate explains
+        /// among the packets the acknowledgement covered, within [`LOSS_NOISE_DEVIATIONS`], is
+        /// no overflow: 8 lost beside 78 acknowledged at 1.9% is 1.6 expected, 8.02 at most.)
         #[test]
         fn an_overflow_revealed_at_once_is_congestion_without_a_queue(
             min_ms in 1u64..200,
@@ -661,6 +663,8 @@ mod tests {
             let mut filter = filter_after(8, sent, sent * permille / 1000, min, min);
             let (random, floor) = (filter.random_loss(), filter.loss_floor());
             prop_assert!(!filter.queue_present());
+            let expected = random * (acked + run) as f64;
+            prop_assume!(run as f64 > expected + LOSS_NOISE_DEVIATIONS * expected.sqrt());
             acknowledge(&mut filter, acked);
             prop_assert!(filter.on_loss(run * SAMPLE_PACKET_BYTES, false));
             prop_assert!(filter.congested());
