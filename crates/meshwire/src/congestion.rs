@@ -120,6 +120,23 @@
 //! 31.6 Mbit/s) went from 1.19× to 1.67×, since a baseline taken 16 samples in holds part of the
 //! queue slow start has begun to build (using the minimum RTT as the baseline meanwhile did not
 //! help it, and left seed 7's median at 1.67 where skipping leaves 1.41).
+//!
+//! A loss counts in the sample its packets were sent in ([`LossFilter::on_loss`] takes the send
+//! time quinn reports): one found after its sample closed counts in that sample. Counted where
+//! they were found, losses moved from the sample that sent them to the next one, samples lost in
+//! clumps, and more of them lost nothing than the path's rate explains: on seed 5's worst case
+//! of the ring sweep (2 ms, 8 ms of jitter, 0.61% loss, 945 Mbit/s, 2.6 MB batches) the zero-count
+//! estimate read 0.16–0.25%, the random losses at its jitter's queue read as congestion and the
+//! window fell from 1.38 MB to 80 KB. Ring sweep (meshwire only, seeds 1–12, worst hop p50 over
+//! floor per seed, before → after): 1.27 → 1.29, 1.54 → 1.32, 1.33, 1.19 → 1.13, 5.59 → 2.37
+//! (its p99 9.67 → 2.43), 1.73, 2.08, 3.49 → 1.85, 1.52 → 1.27, 2.35 → 2.27, 1.41 → 1.34, 1.21;
+//! mean of the seeds' medians 1.096 → 1.089. `scenarios/fairness.toml`: at seed 1 every
+//! meshwire-CUBIC share is unchanged but the twentieth-BDP queue's (CUBIC 0.40 → 0.39); at a
+//! quarter-BDP queue, seeds 1–4, CUBIC's share beside meshwire 0.93, 0.87, 0.81, 0.87 → 0.93,
+//! 0.93, 0.81, 0.87, meshwire pairs within 0.94–1.06 of an equal share, and a session beside
+//! CUBIC takes more (CUBIC's share 0.96, 0.96, 0.87, 0.96 → 0.75, 0.92, 0.88, 0.83). The session sweep (seeds 1–6), `session-quic` and the quorum sweep (seed 1) gave
+//! the same numbers as before. The loss floor still takes a sample's rate when it closes, without
+//! the losses found later: a lower floor, the safe side.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -438,7 +455,10 @@ impl Controller for Meshwire {
         is_persistent_congestion: bool,
         lost_bytes: u64,
     ) {
-        if self.filter.on_loss(lost_bytes, is_persistent_congestion) {
+        if self
+            .filter
+            .on_loss(sent, lost_bytes, is_persistent_congestion)
+        {
             // A congestion signal before a resumed window is validated: retreat to half of what
             // the path delivered since the jump, then let CUBIC react as to any congestion.
             if let Some(window) = self.resume.as_mut().and_then(CarefulResume::on_congestion) {
@@ -559,7 +579,7 @@ mod tests {
         }
         assert!(!controller.filter.queue_present());
         assert!(
-            !controller.filter.on_loss(1200, false),
+            !controller.filter.on_loss(start + path * 40, 1200, false),
             "random loss on a long path without a queue is not congestion"
         );
         let estimate = lock_slot(&slot).expect("the path was measured");

@@ -84,6 +84,14 @@ impl RandomLoss {
             self.lossless = self.lossless.saturating_add(1);
         }
     }
+
+    /// Adds `lost` bytes to the last sample added, which had lost `before` bytes until now.
+    fn add_late(&mut self, lost: u64, before: u64) {
+        self.lost = self.lost.saturating_add(lost);
+        if before == 0 && lost > 0 {
+            self.lossless = self.lossless.saturating_sub(1);
+        }
+    }
 }
 
 /// The sans-IO part: which losses are congestion, from RTTs and per-round byte counts.
@@ -117,6 +125,9 @@ pub struct LossFilter {
     congested: bool,
     /// RTT samples seen, up to [`BASELINE_SETTLING_SAMPLES`] and a little beyond.
     rtt_samples: u32,
+    /// Which of `random_loss` holds the last whole sample, while that sample is the last one
+    /// closed (a quiet sample closed after it, or two window turns, end it).
+    last_whole: Option<usize>,
 }
 
 impl LossFilter {
@@ -131,6 +142,9 @@ impl LossFilter {
                 self.baseline = [None, self.baseline[0]];
                 self.loss_floor = [None, self.loss_floor[0]];
                 self.random_loss = [RandomLoss::default(), self.random_loss[0]];
+                self.last_whole = self
+                    .last_whole
+                    .and_then(|window| (window == 0).then_some(1));
                 self.baseline_start = Some(now);
             }
         }
@@ -176,8 +190,10 @@ impl LossFilter {
                     self.loss_floor[0] = Some(self.loss_floor[0].map_or(rate, |f| f.min(rate)));
                 }
                 self.random_loss[0].add(self.round_sent, self.round_lost);
+                self.last_whole = Some(0);
                 self.last_rates = Some((sent, delivered));
             } else if self.round_start.is_some() {
+                self.last_whole = None;
                 // A quiet sample says nothing new; an old rate fades.
                 self.last_round_rate /= 2.0;
                 self.last_round_lost /= 2;
@@ -316,17 +332,33 @@ impl LossFilter {
         self.last_frame_acked = std::mem::take(&mut self.frame_acked);
     }
 
-    /// Records a loss of `lost_bytes` detected at once (0: an ECN mark) and says whether it is
-    /// congestion.
+    /// Records a loss of `lost_bytes` detected at once (0: an ECN mark), the last of whose packets
+    /// was sent at `sent`, and says whether it is congestion.
+    ///
+    /// The loss counts in the sample its packets were sent in: one sent before the current sample
+    /// began counts in the last whole sample (a loss is detected a round trip or more after its
+    /// packet left, often after its sample closed; why it matters is in the parent module's
+    /// `# Design`).
     ///
     /// An overflow burst ([`BURST_LOSS_PACKETS`]) is congestion and stays out of the samples'
     /// loss counts: it is no part of the path's random loss (the floor and the random rate would
     /// learn it), and it gets its own congestion response (in the counts, every loss after it
     /// would read as congestion for as long as its sample is the last one).
-    pub fn on_loss(&mut self, lost_bytes: u64, persistent: bool) -> bool {
+    pub fn on_loss(&mut self, sent: Instant, lost_bytes: u64, persistent: bool) -> bool {
         let burst = self.is_burst(lost_bytes);
         if !burst {
-            self.round_lost = self.round_lost.saturating_add(lost_bytes);
+            let late = self
+                .last_whole
+                .filter(|_| self.round_start.is_some_and(|start| sent < start));
+            match late {
+                Some(window) => {
+                    self.random_loss[window].add_late(lost_bytes, self.last_round_lost);
+                    self.last_round_lost = self.last_round_lost.saturating_add(lost_bytes);
+                    self.last_round_rate =
+                        self.last_round_lost as f64 / self.last_round_sent.max(1) as f64;
+                }
+                None => self.round_lost = self.round_lost.saturating_add(lost_bytes),
+            }
         }
         let congestion = persistent
             || burst
@@ -364,6 +396,12 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
+    /// A loss whose packets were sent in the current sample.
+    fn lose(filter: &mut LossFilter, lost_bytes: u64, persistent: bool) -> bool {
+        let sent = filter.round_start.unwrap_or_else(Instant::now);
+        filter.on_loss(sent, lost_bytes, persistent)
+    }
+
     /// A filter that has seen `rounds` round trips of `sent` bytes at RTT `rtt` (minimum `min`)
     /// with `lost` bytes lost in each.
     fn filter_after(rounds: u32, sent: u64, lost: u64, rtt: Duration, min: Duration) -> LossFilter {
@@ -389,7 +427,7 @@ mod tests {
             let min = MS * min_ms as u32;
             let lost = sent * permille / 1000;
             let mut filter = filter_after(4, sent, lost, min, min);
-            prop_assert!(!filter.on_loss(1200, false));
+            prop_assert!(!lose(&mut filter, 1200, false));
             prop_assert!(!filter.congested());
         }
 
@@ -407,7 +445,7 @@ mod tests {
             let mut filter = filter_after(BASELINE_SETTLING_SAMPLES, 100_000, 0, min, min);
             filter.on_rtt(Instant::now() + min * (BASELINE_SETTLING_SAMPLES + 1), latest, min);
             prop_assert!(filter.queue_present());
-            prop_assert!(filter.on_loss(1200, false));
+            prop_assert!(lose(&mut filter, 1200, false));
             prop_assert!(filter.congested());
         }
 
@@ -423,7 +461,7 @@ mod tests {
             let steady = min + MS * offset_ms as u32;
             let mut filter = filter_after(4, 100_000, 100_000 * permille / 1000, steady, min);
             prop_assert!(!filter.queue_present());
-            prop_assert!(!filter.on_loss(1200, false));
+            prop_assert!(!lose(&mut filter, 1200, false));
         }
 
         /// Loss bought by more rate never lowers the bar: a sender that keeps sending faster while
@@ -447,7 +485,7 @@ mod tests {
             }
             filter.on_rtt(start + min * 6, min, min);
             prop_assert!(filter.loss_floor() <= 0.0 + f64::EPSILON);
-            prop_assert!(filter.on_loss(1200, false));
+            prop_assert!(lose(&mut filter, 1200, false));
         }
 
         /// Losing more than the ceiling of a sample is congestion, queue or not, until the path
@@ -464,10 +502,10 @@ mod tests {
                 let mut filter = filter_after(rounds, sent, sent * permille / 1000, min, min);
                 let floor = filter.loss_floor();
                 if rounds == 1 {
-                    prop_assert!(filter.on_loss(1200, false));
+                    prop_assert!(lose(&mut filter, 1200, false));
                 } else {
                     prop_assert!((floor - permille as f64 / 1000.0).abs() < 0.01, "floor {}", floor);
-                    prop_assert!(!filter.on_loss(1200, false));
+                    prop_assert!(!lose(&mut filter, 1200, false));
                 }
             }
         }
@@ -481,11 +519,40 @@ mod tests {
             let mut filter = LossFilter::default();
             filter.on_sent(sent);
             filter.on_sent(sent);
-            prop_assert!(filter.on_loss(lost, true));
-            prop_assert!(filter.on_loss(0, false));
+            prop_assert!(lose(&mut filter, lost, true));
+            prop_assert!(lose(&mut filter, 0, false));
             let rate = filter.loss_rate();
             prop_assert!(rate.is_finite() && rate >= 0.0);
         }
+    }
+
+    /// A loss found after its sample closed counts in that sample, where its packet was sent: the
+    /// sample is no longer lossless and the current one stays clean. After a quiet sample there is
+    /// no whole sample to count it in, and it counts in the current one.
+    #[test]
+    fn a_loss_counts_in_the_sample_its_packet_was_sent_in() {
+        let min = 10 * MS;
+        let mut filter = filter_after(4, MIN_SAMPLE_BYTES, 0, min, min);
+        let begun = filter.round_start.expect("a sample is open");
+        assert_eq!(
+            (
+                filter.random_loss[0].samples,
+                filter.random_loss[0].lossless
+            ),
+            (4, 4)
+        );
+        assert!(!filter.on_loss(begun - MS, 1200, false));
+        assert_eq!((filter.round_lost, filter.last_round_lost), (0, 1200));
+        let last = filter.random_loss[0];
+        assert_eq!((last.samples, last.lossless, last.lost), (4, 3, 1200));
+        assert!(!filter.on_loss(begun, 1200, false));
+        assert_eq!((filter.round_lost, filter.last_round_lost), (1200, 1200));
+
+        // A quiet sample closes: nothing sent for a second.
+        filter.on_rtt(begun + QUIET_SAMPLE_TIME, min, min);
+        filter.on_loss(begun - MS, 1200, false);
+        assert_eq!(filter.round_lost, 1200);
+        assert_eq!(filter.random_loss[0].lost, 1200);
     }
 
     /// The case that made samples a minimum size: a 1 ms path whose round trip holds 15 packets,
@@ -502,7 +569,7 @@ mod tests {
             }
             filter.on_sent(1200);
             if packet % 50 == 49 {
-                assert!(!filter.on_loss(1200, false), "packet {packet}");
+                assert!(!lose(&mut filter, 1200, false), "packet {packet}");
             }
         }
         assert!(!filter.congested());
@@ -523,7 +590,7 @@ mod tests {
             }
             filter.on_sent(1200);
             if packet % 10 == 9 {
-                congestion |= filter.on_loss(1200, false);
+                congestion |= lose(&mut filter, 1200, false);
             }
         }
         assert!(congestion);
@@ -545,7 +612,7 @@ mod tests {
             for _ in 0..MIN_SAMPLE_BYTES / SAMPLE_PACKET_BYTES {
                 filter.on_sent(SAMPLE_PACKET_BYTES);
                 if lossy(&mut state, 10)
-                    && filter.on_loss(SAMPLE_PACKET_BYTES, false)
+                    && lose(&mut filter, SAMPLE_PACKET_BYTES, false)
                     && sample >= 4
                 {
                     congestion += 1;
@@ -595,7 +662,7 @@ mod tests {
             let mut congestion = 0;
             for _ in 0..500 {
                 filter.on_sent(SAMPLE_PACKET_BYTES);
-                if lossy(&mut state, 100) && filter.on_loss(SAMPLE_PACKET_BYTES, false) {
+                if lossy(&mut state, 100) && lose(filter, SAMPLE_PACKET_BYTES, false) {
                     congestion += 1;
                 }
             }
@@ -611,7 +678,7 @@ mod tests {
             assert_eq!(send_sample(&mut filter, queued), 0);
             assert!(filter.queue_present());
         }
-        let burst = (0..30).any(|_| filter.on_loss(SAMPLE_PACKET_BYTES, false));
+        let burst = (0..30).any(|_| lose(&mut filter, SAMPLE_PACKET_BYTES, false));
         assert!(burst);
     }
 
@@ -627,14 +694,14 @@ mod tests {
             filter.on_sent(500 * SAMPLE_PACKET_BYTES);
             if sample == 20 {
                 for _ in 0..10 {
-                    filter.on_loss(SAMPLE_PACKET_BYTES, false);
+                    lose(&mut filter, SAMPLE_PACKET_BYTES, false);
                 }
             }
         }
         assert_eq!(filter.random_loss(), 0.0);
         filter.on_rtt(start + min * 40, min * 2, min);
         assert!(filter.queue_present());
-        assert!(filter.on_loss(SAMPLE_PACKET_BYTES, false));
+        assert!(lose(&mut filter, SAMPLE_PACKET_BYTES, false));
     }
 
     /// One acknowledgement frame of `acked` packets.
@@ -666,7 +733,7 @@ mod tests {
             let expected = random * (acked + run) as f64;
             prop_assume!(run as f64 > expected + LOSS_NOISE_DEVIATIONS * expected.sqrt());
             acknowledge(&mut filter, acked);
-            prop_assert!(filter.on_loss(run * SAMPLE_PACKET_BYTES, false));
+            prop_assert!(lose(&mut filter, run * SAMPLE_PACKET_BYTES, false));
             prop_assert!(filter.congested());
             let later = Instant::now() + min * 20;
             filter.on_sent(sent);
@@ -702,7 +769,7 @@ mod tests {
                 if sample >= 1 && filter.is_burst(lost * SAMPLE_PACKET_BYTES) {
                     overflows += 1;
                 }
-                if filter.on_loss(lost * SAMPLE_PACKET_BYTES, false) && sample >= 4 {
+                if lose(&mut filter, lost * SAMPLE_PACKET_BYTES, false) && sample >= 4 {
                     congestion += 1;
                 }
             }
