@@ -134,9 +134,10 @@
 //! meshwire-CUBIC share is unchanged but the twentieth-BDP queue's (CUBIC 0.40 → 0.39); at a
 //! quarter-BDP queue, seeds 1–4, CUBIC's share beside meshwire 0.93, 0.87, 0.81, 0.87 → 0.93,
 //! 0.93, 0.81, 0.87, meshwire pairs within 0.94–1.06 of an equal share, and a session beside
-//! CUBIC takes more (CUBIC's share 0.96, 0.96, 0.87, 0.96 → 0.75, 0.92, 0.88, 0.83). The session sweep (seeds 1–6), `session-quic` and the quorum sweep (seed 1) gave
-//! the same numbers as before. The loss floor still takes a sample's rate when it closes, without
-//! the losses found later: a lower floor, the safe side.
+//! CUBIC takes more (CUBIC's share 0.96, 0.96, 0.87, 0.96 → 0.75, 0.92, 0.88, 0.83). The
+//! session sweep (seeds 1–6), `session-quic` and the quorum sweep (seed 1) gave the same numbers
+//! as before. The loss floor still takes a sample's rate when it closes, without the losses found
+//! later: a lower floor, the safe side.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
