@@ -303,12 +303,14 @@ fn session() -> Vec<Vec<u8>> {
         packet_number: 7,
         seq: 3,
         fin: true,
+        window_limited: false,
         payload: Bytes::from_static(b"hi"),
     });
     let first = Packet::Data(DataPacket {
         packet_number: 0,
         seq: 0,
         fin: false,
+        window_limited: false,
         payload: Bytes::from_static(b"first"),
     });
     let ack = Packet::Ack(AckPacket {

@@ -62,6 +62,9 @@ struct Outcome {
     late_copies: u64,
     packets_sent: u64,
     timeouts: u64,
+    /// The receiver's window: times it doubled, and its size at the end in bytes.
+    window_growths: u64,
+    window_bytes: usize,
 }
 
 fn now() -> std::time::Instant {
@@ -188,9 +191,7 @@ pub fn run(
         });
     }
 
-    let mut config = SessionConfig::new(policy);
-    // The sender keeps the session window (4 MiB) plus as much again written ahead.
-    config.send_buffer_bytes = 8 << 20;
+    let config = SessionConfig::new(policy);
     {
         let outcome = outcome.clone();
         let directory = directory.clone();
@@ -227,6 +228,9 @@ pub fn run(
                     }
                     if read > 0 {
                         let mut outcome = outcome.borrow_mut();
+                        outcome.window_growths = receiver.window_growths();
+                        outcome.window_bytes =
+                            receiver.window_segments() as usize * config.mtu_bytes;
                         outcome.delivered += read;
                         outcome.last_delivery = Some(clock());
                     }
@@ -372,6 +376,11 @@ pub fn run(
         copies / (outcome.packets_sent.max(1) as f64),
     );
     metrics.insert("timeouts".into(), outcome.timeouts as f64);
+    metrics.insert("window_growths".into(), outcome.window_growths as f64);
+    metrics.insert(
+        "receive_window_mib".into(),
+        round_metric(outcome.window_bytes as f64 / MIB),
+    );
     if workload == "transfer" {
         let floor = ideal_transfer_s(
             &path_floors(&specs, &instant, config.mtu_bytes),

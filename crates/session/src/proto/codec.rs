@@ -5,7 +5,8 @@
 //!
 //! | type      | layout after the type byte                                                       |
 //! |-----------|-----------------------------------------------------------------------------------|
-//! | 1 `Data`  | flags (1: bit 0 = FIN), packet number (8), sequence (8), payload (rest)            |
+//! | 1 `Data`  | flags (1: bit 0 = FIN, bit 1 = window-limited), packet number (8), sequence (8), |
+//! |           | payload (rest)                                                                    |
 //! | 2 `Ack`   | flags (1: bit 0 = echo present), range count (1), echo (v, only if present),       |
 //! |           | cumulative (v), window end − cumulative (v), then `count` ranges, each as its      |
 //! |           | start − (the previous range's end, or cumulative) − 1 (v) and its length − 1 (v)   |
@@ -132,6 +133,8 @@ pub struct DataPacket {
     pub seq: u64,
     /// The stream ends with this segment.
     pub fin: bool,
+    /// The sender has more new data and the receive window stops it after this segment.
+    pub window_limited: bool,
     /// The segment's bytes.
     pub payload: Bytes,
 }
@@ -175,7 +178,7 @@ impl Packet {
             Packet::Data(data) => {
                 let mut out = BytesMut::with_capacity(DATA_HEADER_LEN + data.payload.len());
                 out.put_u8(TYPE_DATA);
-                out.put_u8(u8::from(data.fin));
+                out.put_u8(u8::from(data.fin) | (u8::from(data.window_limited) << 1));
                 out.put_u64_le(data.packet_number);
                 out.put_u64_le(data.seq);
                 out.put_slice(&data.payload);
@@ -222,7 +225,7 @@ impl Packet {
                 }
                 let mut header = &datagram[1..DATA_HEADER_LEN];
                 let flags = header.get_u8();
-                if flags & !1 != 0 {
+                if flags & !3 != 0 {
                     return Err(CodecError::UnknownFlags(flags));
                 }
                 let packet_number = header.get_u64_le();
@@ -238,6 +241,7 @@ impl Packet {
                     packet_number,
                     seq,
                     fin: flags & 1 == 1,
+                    window_limited: flags & 2 == 2,
                     payload,
                 }))
             }
@@ -334,11 +338,29 @@ mod tests {
             packet_number: 7,
             seq: 3,
             fin: true,
+            window_limited: false,
             payload: Bytes::from_static(b"hi"),
         });
         assert_eq!(
             data.encode().as_ref(),
             &[1, 1, 7, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, b'h', b'i']
+        );
+        let limited = Packet::Data(DataPacket {
+            packet_number: 7,
+            seq: 3,
+            fin: false,
+            window_limited: true,
+            payload: Bytes::from_static(b"hi"),
+        });
+        assert_eq!(
+            limited.encode().as_ref(),
+            &[1, 2, 7, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, b'h', b'i']
+        );
+        let mut unknown = limited.encode().to_vec();
+        unknown[1] = 4;
+        assert_eq!(
+            Packet::decode(Bytes::from(unknown), 10),
+            Err(CodecError::UnknownFlags(4))
         );
         let probe = Packet::Probe { packet_number: 1 };
         assert_eq!(probe.encode().as_ref(), &[3, 1, 0, 0, 0, 0, 0, 0, 0]);
@@ -434,6 +456,7 @@ mod tests {
             packet_number: 0,
             seq: 0,
             fin: false,
+            window_limited: false,
             payload: Bytes::from(vec![0; 11]),
         })
         .encode();
@@ -449,16 +472,18 @@ mod tests {
                 any::<u64>(),
                 any::<u64>(),
                 any::<bool>(),
+                any::<bool>(),
                 proptest::collection::vec(any::<u8>(), 0..64)
             )
-                .prop_map(|(packet_number, seq, fin, payload)| Packet::Data(
-                    DataPacket {
+                .prop_map(|(packet_number, seq, fin, window_limited, payload)| {
+                    Packet::Data(DataPacket {
                         packet_number,
                         seq,
                         fin,
+                        window_limited,
                         payload: payload.into(),
-                    }
-                )),
+                    })
+                }),
             (
                 proptest::option::of(any::<u64>()),
                 0u64..1 << 40,

@@ -13,9 +13,25 @@ use super::{PathId, SessionConfig, SessionError, Transmit};
 ///
 /// Segments are accepted only below `next_read_seq + window_segments`, so the bytes held (received
 /// and not yet read by the application) never exceed the receive window.
+///
+/// The window starts at [`SessionConfig::receive_window_bytes`] and doubles, up to
+/// [`SessionConfig::max_receive_window_bytes`], when a segment flagged window-limited (the sender
+/// has more data and this window stops it) arrives while the application keeps up: the segments
+/// that arrived in order and wait to be read fill at most half the window. A window that stops a
+/// sender whose receiver reads promptly is smaller than the paths' bandwidth-delay product (plus
+/// the reordering between paths); one that stops a sender because the application does not read
+/// stays as it is. A flag counts only once the sender has used the last growth (the segment
+/// reaches the window end that growth made), so the window doubles at most once per round trip
+/// of the sender seeing it. It never shrinks: segments sent into it stay acceptable. A sender
+/// that flags every segment gets the largest window, no more.
 #[derive(Debug)]
 pub struct Receiver {
     window_segments: u64,
+    max_window_segments: u64,
+    /// The window end right after the last growth; a window-limited flag below it is stale.
+    grown_until: u64,
+    /// Times the window doubled.
+    window_growths: u64,
     /// Every segment below this was read by the application.
     next_read_seq: u64,
     /// Bytes of the first unread segment already read.
@@ -44,6 +60,9 @@ impl Receiver {
         let window_segments = config.window_segments();
         Self {
             window_segments,
+            max_window_segments: config.max_window_segments(),
+            grown_until: 0,
+            window_growths: 0,
             next_read_seq: 0,
             read_offset: 0,
             buffered: BTreeMap::new(),
@@ -102,6 +121,9 @@ impl Receiver {
         if data.fin {
             self.fin_seq = Some(seq);
         }
+        if data.window_limited {
+            self.grow_window(seq);
+        }
         let fresh = seq >= self.contiguous_end && !self.in_above(seq);
         if fresh {
             self.buffered_bytes += data.payload.len();
@@ -113,6 +135,25 @@ impl Receiver {
         self.acks
             .on_segment(&mut self.owed, path, seq, data.packet_number, now);
         Ok(())
+    }
+
+    /// Doubles the window (up to the largest) for a window-limited segment `seq`, if the sender
+    /// has used the last growth and the application keeps up; tells every path at once.
+    fn grow_window(&mut self, seq: u64) {
+        let waiting_in_order = self.contiguous_end.saturating_sub(self.next_read_seq);
+        if seq + 1 < self.grown_until
+            || self.window_segments >= self.max_window_segments
+            || waiting_in_order > self.window_segments / 2
+        {
+            return;
+        }
+        self.window_segments = (2 * self.window_segments).min(self.max_window_segments);
+        self.grown_until = self.window_end();
+        self.window_growths += 1;
+        self.advertised_window_end = self.window_end();
+        for &path in &self.paths {
+            self.owed.push((path, None));
+        }
     }
 
     fn in_above(&self, seq: u64) -> bool {
@@ -263,9 +304,20 @@ impl Receiver {
             .is_some_and(|fin| self.next_read_seq > fin && self.buffered.is_empty())
     }
 
-    /// Bytes received and not yet read: never more than [`SessionConfig::receive_window_bytes`].
+    /// Bytes received and not yet read: never more than the window, and so never more than
+    /// [`SessionConfig::max_receive_window_bytes`].
     pub fn buffered_bytes(&self) -> usize {
         self.buffered_bytes
+    }
+
+    /// The receive window now, in segments.
+    pub fn window_segments(&self) -> u64 {
+        self.window_segments
+    }
+
+    /// Times the receive window doubled.
+    pub fn window_growths(&self) -> u64 {
+        self.window_growths
     }
 
     /// Segments that arrived more than once.

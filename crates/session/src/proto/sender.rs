@@ -412,6 +412,9 @@ impl Core {
                     .is_some_and(|info| info.path == id && info.timed_out)
             })
         });
+        // Tells the receiver its window, not the paths, holds the rest of the data back: its cue
+        // to grow the window.
+        let window_limited = self.has_new_data() && self.next_seq >= self.peer_window_end;
         let path = self.paths.get_mut(&id)?;
         let transmit = Transmit {
             path: id,
@@ -419,6 +422,7 @@ impl Core {
                 packet_number,
                 seq,
                 fin,
+                window_limited,
                 payload,
             })
             .encode(),

@@ -20,8 +20,17 @@ enum End {
     Receiver(u32),
 }
 
-/// What a run leaves: the sender's view of each path, when the last byte was read, its counters.
-type Outcome = (Vec<PathStats>, Option<Duration>, SenderStats);
+/// What a run leaves: the sender's view of each path, when the last byte was read, its counters,
+/// and the receiver's.
+type Outcome = (Vec<PathStats>, Option<Duration>, SenderStats, ReceiverView);
+
+/// The receiver over a run: its window at the end, its growths, the most bytes it held.
+#[derive(Debug, Clone, Copy, Default)]
+struct ReceiverView {
+    window_segments: u64,
+    window_growths: u64,
+    max_buffered_bytes: usize,
+}
 
 /// Sends `bytes` over `specs` for at most `limit`, dropping every `drop_every[i]`-th datagram
 /// towards the receiver on path i (0: none).
@@ -47,6 +56,7 @@ fn run(specs: &[Spec], drop_every: &[u64], bytes: usize, limit: Duration) -> Out
     let mut written = 0;
     let mut read = 0;
     let mut buf = vec![0u8; 64 * 1024];
+    let mut view = ReceiverView::default();
     while wire.elapsed() <= limit {
         let now = wire.now();
         written += sender.write(&data[written..]);
@@ -63,6 +73,7 @@ fn run(specs: &[Spec], drop_every: &[u64], bytes: usize, limit: Duration) -> Out
             wire.send(End::Receiver(path), End::Sender(path), transmit.payload)
                 .expect("sent over a path");
         }
+        view.max_buffered_bytes = view.max_buffered_bytes.max(receiver.buffered_bytes());
         loop {
             let n = receiver.read(&mut buf);
             if n == 0 {
@@ -70,9 +81,11 @@ fn run(specs: &[Spec], drop_every: &[u64], bytes: usize, limit: Duration) -> Out
             }
             read += n;
         }
+        view.window_segments = receiver.window_segments();
+        view.window_growths = receiver.window_growths();
         if read == bytes {
             let stats = sender.paths().map(|(_, stats)| stats).collect();
-            return (stats, Some(wire.elapsed()), sender.stats());
+            return (stats, Some(wire.elapsed()), sender.stats(), view);
         }
         let now = wire
             .step([sender.poll_timeout()])
@@ -90,7 +103,7 @@ fn run(specs: &[Spec], drop_every: &[u64], bytes: usize, limit: Duration) -> Out
         sender.handle_timeout(now);
     }
     let stats = sender.paths().map(|(_, stats)| stats).collect();
-    (stats, None, sender.stats())
+    (stats, None, sender.stats(), view)
 }
 
 const SHORT: Spec = (Duration::from_millis(50), 1024.0);
@@ -114,7 +127,7 @@ fn assert_measured(stats: &PathStats) {
 /// measures the RTT and brings the path back.
 #[test]
 fn late_first_ack_after_initial_rto_measures_rtt() {
-    let (stats, _, _) = run(&[LONG], &[], 1 << 20, Duration::from_secs(6));
+    let (stats, _, _, _) = run(&[LONG], &[], 1 << 20, Duration::from_secs(6));
     assert_measured(&stats[0]);
 }
 
@@ -123,7 +136,7 @@ fn late_first_ack_after_initial_rto_measures_rtt() {
 /// measure its RTT, so its window grows to its bandwidth-delay product and it carries its share.
 #[test]
 fn long_path_beside_short_path_measures_rtt() {
-    let (stats, done, _) = run(&[SHORT, LONG], &[], 4 << 20, Duration::from_secs(30));
+    let (stats, done, _, _) = run(&[SHORT, LONG], &[], 4 << 20, Duration::from_secs(30));
     assert_measured(&stats[1]);
     let done = done.expect("the transfer finished");
     // 4 MiB at 1152 packets/s takes 3.6 s; with the long path idle it would take 4 s.
@@ -134,13 +147,40 @@ fn long_path_beside_short_path_measures_rtt() {
     );
 }
 
+/// One path whose bandwidth-delay product (20,000 packets/s × 0.4 s, 8,000 segments) is twice the
+/// starting receive window (4,096 segments): the sender flags the segments the window stops, the
+/// receiver (whose application reads at once) doubles its window up to the largest, and the
+/// transfer goes faster than any 4 MiB window allows, while the receiver never holds more than
+/// the largest window.
+#[test]
+fn a_window_that_stops_a_sender_on_a_fast_long_path_grows_to_its_bound() {
+    const FAST_LONG: Spec = (Duration::from_millis(200), 20_000.0);
+    let bytes = 24 << 20;
+    let (_, done, _, view) = run(&[FAST_LONG], &[], bytes, Duration::from_secs(30));
+    let done = done.expect("the transfer finished");
+    let config = SessionConfig::new(Policy::Meshwire);
+    assert!(view.window_growths >= 1, "{view:?}");
+    assert_eq!(
+        view.window_segments,
+        config.max_window_segments(),
+        "{view:?}"
+    );
+    assert!(
+        view.max_buffered_bytes <= config.max_receive_window_bytes,
+        "{view:?}"
+    );
+    // A 4 MiB window per 0.4 s round trip moves 24 MiB in 2.4 s at best.
+    assert!(done < Duration::from_millis(2400), "{done:?} {view:?}");
+}
+
 /// A clean path beside one that loses every tenth packet: the sender's loss estimate finds the
 /// lossy path, and once no new data is left the idle paths carry copies of unacknowledged
 /// segments (the end of the data no longer waits for loss detection), while every byte still
 /// arrives exactly once (the receiver reads exactly the bytes written).
 #[test]
 fn lossy_path_is_measured_and_tail_copied() {
-    let (stats, done, counters) = run(&[SHORT, SHORT], &[0, 10], 2 << 20, Duration::from_secs(30));
+    let (stats, done, counters, _) =
+        run(&[SHORT, SHORT], &[0, 10], 2 << 20, Duration::from_secs(30));
     done.expect("the transfer finished");
     assert!(stats[0].loss_rate < 0.01, "{:?}", stats[0]);
     assert!((0.03..0.3).contains(&stats[1].loss_rate), "{:?}", stats[1]);
@@ -151,7 +191,7 @@ fn lossy_path_is_measured_and_tail_copied() {
 /// Without loss nothing is copied: the tail copies cost capacity only where a path loses packets.
 #[test]
 fn clean_paths_send_no_tail_copies() {
-    let (_, done, counters) = run(&[SHORT, SHORT], &[], 2 << 20, Duration::from_secs(30));
+    let (_, done, counters, _) = run(&[SHORT, SHORT], &[], 2 << 20, Duration::from_secs(30));
     done.expect("the transfer finished");
     assert_eq!(counters.tail_copies, 0, "{counters:?}");
     assert_eq!(counters.late_copies, 0, "{counters:?}");
@@ -163,7 +203,7 @@ fn clean_paths_send_no_tail_copies() {
 /// after the queue the slow path's RTT shows, not half a minimum RTT after they left).
 #[test]
 fn packets_held_in_a_slow_paths_queue_are_copied_to_the_idle_fast_path() {
-    let (stats, done, counters) = run(&[SHORT, LONG], &[], 4 << 20, Duration::from_secs(60));
+    let (stats, done, counters, _) = run(&[SHORT, LONG], &[], 4 << 20, Duration::from_secs(60));
     done.expect("the transfer finished");
     let long = &stats[1];
     let queued = long.smoothed_rtt.expect("measured") - 2 * LONG.0;
@@ -450,4 +490,85 @@ fn an_ack_of_a_resent_segment_credits_no_copy_still_in_flight() {
         .map(|(_, stats)| stats)
         .unwrap();
     assert_eq!(path1.delivered_packets, 0, "{path1:?}");
+}
+
+/// A data segment numbered `seq` on path 0, flagged window-limited or not.
+fn segment(seq: u64, window_limited: bool) -> Packet {
+    Packet::Data(super::DataPacket {
+        packet_number: seq,
+        seq,
+        fin: false,
+        window_limited,
+        payload: bytes::Bytes::from_static(b"x"),
+    })
+}
+
+/// Delivers segments `from..to` (the last flagged window-limited); with `read`, the application
+/// reads each as it arrives.
+fn fill(receiver: &mut Receiver, from: u64, to: u64, read: bool, now: Instant) {
+    for seq in from..to {
+        receiver
+            .handle_packet(PathId(0), segment(seq, seq + 1 == to), now)
+            .expect("inside the window");
+        if read {
+            read_all(receiver);
+        }
+    }
+}
+
+fn read_all(receiver: &mut Receiver) {
+    let mut buf = [0u8; 4096];
+    while receiver.read(&mut buf) > 0 {}
+}
+
+/// The window doubles only when a sender says the window stops it while the application keeps
+/// up, at most once per use of the last growth, never past the largest window, and never for
+/// NCP's policies (a fixed session window).
+#[test]
+fn the_receive_window_grows_only_for_a_stopped_sender_and_a_prompt_reader() {
+    let now = Instant::now();
+    let config = SessionConfig::new(Policy::Meshwire);
+    let start = config.window_segments();
+    let mut receiver = Receiver::new(config);
+    // The application reads nothing: the window, not the paths, is right to stop the sender.
+    fill(&mut receiver, 0, start, false, now);
+    assert_eq!(receiver.window_segments(), start);
+    // It reads everything, the sender fills the window again and says so: the window doubles,
+    // and an ACK tells the sender at once.
+    read_all(&mut receiver);
+    while receiver.poll_transmit(now).is_some() {}
+    fill(&mut receiver, start, 2 * start, true, now);
+    assert_eq!(receiver.window_segments(), 2 * start);
+    assert_eq!(receiver.window_growths(), 1);
+    let mut advertised = 0;
+    while let Some(transmit) = receiver.poll_transmit(now) {
+        if let Ok(Packet::Ack(ack)) = Packet::decode(transmit.payload, config.mtu_bytes) {
+            advertised = advertised.max(ack.window_end);
+        }
+    }
+    assert_eq!(advertised, 2 * start + 2 * start);
+    // A flag sent before the sender saw that growth changes nothing.
+    receiver
+        .handle_packet(PathId(0), segment(2 * start - 1, true), now)
+        .expect("a duplicate inside the window");
+    assert_eq!(receiver.window_segments(), 2 * start);
+    // Used up and flagged again: doubles to the largest, then stays there.
+    let mut next = 2 * start;
+    for _ in 0..3 {
+        let end = next + receiver.window_segments();
+        fill(&mut receiver, next, end, true, now);
+        next = end;
+    }
+    assert_eq!(receiver.window_segments(), config.max_window_segments());
+    assert_eq!(receiver.window_growths(), 2);
+
+    // NCP's session window is fixed.
+    let ncp = SessionConfig::new(Policy::Nkp24);
+    let start = ncp.window_segments();
+    let mut receiver = Receiver::new(ncp);
+    for round in 0..3 {
+        fill(&mut receiver, round * start, (round + 1) * start, true, now);
+    }
+    assert_eq!(receiver.window_segments(), start);
+    assert_eq!(receiver.window_growths(), 0);
 }
