@@ -541,6 +541,19 @@ impl Session {
         lock(&self.shared).endpoint.sender.stats()
     }
 
+    /// The receiving side's window now, in bytes, and how many times it doubled (it grows
+    /// while the other end says the window stops it and this end's reader keeps up; see the
+    /// crate's `# Design`).
+    pub fn receive_window(&self) -> (usize, u64) {
+        let shared = lock(&self.shared);
+        let receiver = &shared.endpoint.receiver;
+        let segments = usize::try_from(receiver.window_segments()).unwrap_or(usize::MAX);
+        (
+            segments.saturating_mul(self.host.settings.session.mtu_bytes),
+            receiver.window_growths(),
+        )
+    }
+
     /// The paths and how each travels.
     pub fn paths(&self) -> Vec<(PathId, Via)> {
         lock(&self.shared)

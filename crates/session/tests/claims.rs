@@ -60,6 +60,13 @@ async fn transfer(claim_window: bool) -> (u64, u64) {
         let mut session = incoming.recv().await.expect("a session");
         let mut received = Vec::new();
         session.read_to_end(&mut received).await.unwrap();
+        // The receive window may have grown, never past its bound.
+        let (window, _) = session.receive_window();
+        let config = settings.session;
+        assert!(
+            (config.receive_window_bytes..=config.max_receive_window_bytes).contains(&window),
+            "receive window {window} B"
+        );
         received.len()
     });
     let peer = receiver.peer_id();
