@@ -334,28 +334,24 @@ mod tests {
 
     #[test]
     fn golden_vectors() {
-        let data = Packet::Data(DataPacket {
-            packet_number: 7,
-            seq: 3,
-            fin: true,
-            window_limited: false,
-            payload: Bytes::from_static(b"hi"),
-        });
-        assert_eq!(
-            data.encode().as_ref(),
-            &[1, 1, 7, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, b'h', b'i']
-        );
-        let limited = Packet::Data(DataPacket {
-            packet_number: 7,
-            seq: 3,
-            fin: false,
-            window_limited: true,
-            payload: Bytes::from_static(b"hi"),
-        });
-        assert_eq!(
-            limited.encode().as_ref(),
-            &[1, 2, 7, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, b'h', b'i']
-        );
+        // Segment 3 in packet 7, payload "hi", with the flags byte set as given.
+        let hi = |fin, window_limited| {
+            Packet::Data(DataPacket {
+                packet_number: 7,
+                seq: 3,
+                fin,
+                window_limited,
+                payload: Bytes::from_static(b"hi"),
+            })
+        };
+        let wire = |flags| {
+            [
+                1, flags, 7, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, b'h', b'i',
+            ]
+        };
+        assert_eq!(hi(true, false).encode().as_ref(), &wire(1));
+        let limited = hi(false, true);
+        assert_eq!(limited.encode().as_ref(), &wire(2));
         let mut unknown = limited.encode().to_vec();
         unknown[1] = 4;
         assert_eq!(
