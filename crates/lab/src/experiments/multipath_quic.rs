@@ -48,7 +48,7 @@ use meshwire_session::net::{
 };
 use meshwire_session::proto::codec::DATA_HEADER_LEN;
 use meshwire_session::proto::route::{DIRECT_HEADER_LEN, RELAYED_HEADER_LEN};
-use meshwire_session::proto::{PathId, Policy};
+use meshwire_session::proto::{PathId, Policy, SessionConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use serde::Deserialize;
@@ -155,11 +155,19 @@ fn sha256(bytes: &[u8]) -> [u8; 32] {
     meshwire::proto::hash::sha256(&[bytes])
 }
 
+/// The default settings with `policy`'s own session settings (its first burst, windows and
+/// send buffer: NCP's for the baselines) at the default settings' MTU.
 fn settings(policy: Policy, claim_window: bool) -> SessionSettings {
-    let mut settings = SessionSettings::default();
-    settings.session.policy = policy;
-    settings.claim_window = claim_window;
-    settings
+    let defaults = SessionSettings::default();
+    let session = SessionConfig {
+        mtu_bytes: defaults.session.mtu_bytes,
+        ..SessionConfig::new(policy)
+    };
+    SessionSettings {
+        session,
+        claim_window,
+        ..defaults
+    }
 }
 
 fn node_config(
