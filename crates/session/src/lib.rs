@@ -138,6 +138,20 @@
 //!   0.5 s, which bounds it at 1536·T − 51.2 − 256 = 8192 packets → 0.964 for base+4 and 0.971 for
 //!   base+3 (0.986 base+1, 0.979 base+2). Measured 0.952 and 0.965. The scenarios' `efficiency` is
 //!   against that latency-aware bound (`ideal_transfer_s`) instead.
+//! - The multipath sweep's remaining gap (`scenarios/sweeps/multipath.toml`, median 1.24 and p90
+//!   1.61 of the floor at seed 1 with the receive window growing) is mostly a path's first round
+//!   trip: the floor has every path at full rate from t = 0, while meshwire holds a path it has
+//!   not measured to its first burst of 128 packets until its first echo. A fast path far away
+//!   (seed 1, case 19: 11,165 packets/s at 210 ms beside 10,497 at 9 ms) carries 128 packets in
+//!   its first 0.43 s, and by the time it is measured the tail rule leaves it little to do.
+//!   Tried and not kept: lifting the first burst on a path whose transport sets its pace
+//!   (`block_path_until`). On the raw sweep, whose links block the writer at the path's rate,
+//!   with tail copies also kept off unmeasured paths, the seeds' medians (1–8) went from
+//!   1.139–1.399 to 1.066–1.212 and no seed's p90 or maximum rose, but loss-free cases then
+//!   carried up to 6.1% redundant copies (the late copies of segments stranded on far paths), and over QUIC,
+//!   where the driver holds a path only once quinn's queue is full, `session-quic` lost 1–3
+//!   points on its BBR rows and `direct+3-relays-claims` fell from 0.916 to 0.611 (the session
+//!   then fills whatever quinn's window lets through, and a claimed window is the session's own).
 //! - meshwire on the lossy rows meets 0.97 (Σ-rate) at the scenario's seed (0.970, 0.975) but not at every seed
 //!   (above); closing the remaining ~30 ms would take redundancy before the data runs out (coding
 //!   or copies that cost capacity), which meshwire does not do.
