@@ -138,7 +138,7 @@ impl Receiver {
     }
 
     /// Doubles the window (up to the largest) for a window-limited segment `seq`, if the sender
-    /// has used the last growth and the application keeps up; tells every path at once.
+    /// has used the last growth and the application keeps up, and announces it at once.
     fn grow_window(&mut self, seq: u64) {
         let waiting_in_order = self.contiguous_end.saturating_sub(self.next_read_seq);
         if seq + 1 < self.grown_until
@@ -150,6 +150,11 @@ impl Receiver {
         self.window_segments = (2 * self.window_segments).min(self.max_window_segments);
         self.grown_until = self.window_end();
         self.window_growths += 1;
+        self.announce_window();
+    }
+
+    /// Owes a window update on every path that carried data (one of them is bound to work).
+    fn announce_window(&mut self) {
         self.advertised_window_end = self.window_end();
         for &path in &self.paths {
             self.owed.push((path, None));
@@ -288,13 +293,9 @@ impl Receiver {
         self.buffered.remove(&self.next_read_seq);
         self.next_read_seq += 1;
         self.read_offset = 0;
-        // Tell the sender about the space once a quarter of the window has opened, on every path
-        // that carried data (one of them is bound to work).
+        // Tell the sender about the space once a quarter of the window has opened.
         if self.window_end() >= self.advertised_window_end + self.window_segments / 4 {
-            self.advertised_window_end = self.window_end();
-            for &path in &self.paths {
-                self.owed.push((path, None));
-            }
+            self.announce_window();
         }
     }
 
