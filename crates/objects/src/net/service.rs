@@ -31,7 +31,7 @@
 //! - **Read** (`get`, [`ObjectService::read_from`]): a [`QuorumPlan`] (policy from the
 //!   configuration, hedged by default) asks replicas in parallel and returns at quorum. Most
 //!   requests ask for *metadata* (version and hash) only; one in every `quorum` requests, the
-//!   first of them drawn at random, asks for the content too (none when this node is a replica:
+//!   first of them taken by turns from read to read, asks for the content too (none when this node is a replica:
 //!   it answers itself, version and hash, its content checked through a small buffer), and so
 //!   does a hedge sent while no content has arrived. A replica answers a metadata request the
 //!   same way, without reading the content into memory.
@@ -52,6 +52,7 @@
 //! The node-to-node messages are in [`crate::proto::object`].
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -67,7 +68,7 @@ use meshwire::protocols::{
 };
 use meshwire::{HandlerError, Node, PeerId};
 use rand::rngs::SmallRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 
 use super::store::{Body, Store, StoredObject};
 
@@ -295,6 +296,9 @@ struct Inner {
     pending: Mutex<cas::PendingWrites>,
     scores: Arc<Mutex<PeerScores<PeerId>>>,
     rng: Mutex<SmallRng>,
+    /// Which of the first `quorum` requests of the next read asks for the content (taken modulo
+    /// the quorum): reads take turns, so the replicas ranked first share the content evenly.
+    content_turn: AtomicUsize,
     metrics: ObjectMetrics,
     /// Per peer, the bucket count its last anti-entropy answer called for (raised when a bucket
     /// was too large to list whole).
@@ -319,10 +323,11 @@ impl ObjectService {
         options: ServiceOptions,
     ) -> Result<Self, ObjectServiceError> {
         config.validate_for(node.config().limits.max_payload_bytes)?;
-        let rng = match options.seed {
+        let mut rng = match options.seed {
             Some(seed) => SmallRng::seed_from_u64(seed),
             None => SmallRng::from_os_rng(),
         };
+        let content_turn = AtomicUsize::new(rng.random::<u32>() as usize);
         let service = Self {
             inner: Arc::new(Inner {
                 node: node.clone(),
@@ -335,6 +340,7 @@ impl ObjectService {
                 pending: Mutex::new(cas::PendingWrites::default()),
                 scores: Arc::new(Mutex::new(PeerScores::new(config.scores))),
                 rng: Mutex::new(rng),
+                content_turn,
                 metrics: ObjectMetrics::default(),
                 entropy_buckets: Mutex::new(HashMap::new()),
                 refusal_warnings: Mutex::new(warn_limit::WarnLimit::default()),

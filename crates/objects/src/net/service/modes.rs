@@ -60,8 +60,8 @@ pub(super) struct OneFull {
 
 impl Modes {
     /// The content from one replica in every `quorum` requests, starting with the one at
-    /// `full_at` (drawn at random below `quorum` by the caller, so that no one replica carries
-    /// every read's content): a plan that asks more replicas than its quorum (at first, while it
+    /// `full_at` (taken by turns below `quorum` by the caller, so that the replicas ranked
+    /// first share the reads' content evenly): a plan that asks more replicas than its quorum (at first, while it
     /// cannot tell which are slow) expects some not to answer in time, and the content should
     /// not wait on one of those. None when this node is a candidate (its own copy is read once
     /// the quorum's winner is known). A later request (a hedge for a late one) also asks for the

@@ -18,7 +18,6 @@ use super::{
     lock, stamp_of, BodyRead, Modes, ObjectService, ObjectServiceError, OutcomeLabel, QuorumRead,
     ReadBody, ReadOutcome, ReplicaError,
 };
-use rand::Rng;
 
 impl ObjectService {
     /// Reads `key` at quorum from its replicas, merges the copies and repairs stale replicas.
@@ -120,15 +119,16 @@ impl ObjectService {
     }
 
     /// Reads `key` from `candidates` under `config`: the plan's requests ask for the version and
-    /// hash, except one in every `quorum` of them (the first drawn at random below `quorum`,
-    /// so that no one replica carries every read's content), which ask for the content too, as
-    /// does a later request (a hedge for a late one) while no content has arrived, and a request
-    /// to a replica that owes this node no answer while the replicas asked for the content may
-    /// well all be late (the first reads, when every replica is a stranger); none when this
-    /// node is a candidate (it holds its own copy). The copies are merged, and the winner's
-    /// content comes from an answer that carried it; only when none did (those replicas were
-    /// late, failed or held another version) is it fetched afterwards, from this node's store or
-    /// one of the winner's holders, raced against the content requests still in flight.
+    /// hash, except one in every `quorum` of them (the first of them by turns below `quorum`,
+    /// read after read, so that the replicas ranked first share the content evenly), which ask
+    /// for the content too, as does a later request (a hedge for a late one) while no content
+    /// has arrived, and a request to a replica that owes this node no answer while the replicas
+    /// asked for the content may well all be late (the first reads, when every replica is a
+    /// stranger); none when this node is a candidate (it holds its own copy). The copies are
+    /// merged, and the winner's content comes from an answer that carried it; only when none did
+    /// (those replicas were late, failed or held another version) is it fetched afterwards, from
+    /// this node's store or one of the winner's holders, raced against the content requests
+    /// still in flight.
     ///
     /// A replica that sends only version and hash answers in one small packet, so a read moves
     /// about one copy of the object whatever the quorum: asking every replica for the content
@@ -136,7 +136,11 @@ impl ObjectService {
     /// window starts at ten packets, queued its answers for seconds (the quorum sweep,
     /// `docs/scenarios.md`). One in every `quorum` rather than one in all: a plan that asks more
     /// replicas than its quorum expects some of them not to answer in time, and the content
-    /// should not wait on one of those. Used by [`Self::get`], and by the lab.
+    /// should not wait on one of those. By turns rather than at random: a random draw puts runs
+    /// of reads' content on one replica (the quorum sweep's worst case at seed 1 drew the same
+    /// replica for the first four reads), more than its new connection's first window lets out,
+    /// and its version-and-hash answers to the next reads then wait a round trip behind them.
+    /// Used by [`Self::get`], and by the lab.
     ///
     /// `object` is `None` when the quorum was not reached or no replica holds `key`.
     pub async fn read_from(
@@ -175,7 +179,7 @@ impl ObjectService {
         let full_at = if candidates.contains(&me) {
             usize::MAX
         } else {
-            lock(&self.inner.rng).random_range(0..quorum)
+            self.inner.content_turn.fetch_add(1, Ordering::Relaxed) % quorum
         };
         let modes = Arc::new(Modes::one_full(full_at, quorum, candidates.len(), stream));
         let result = self
