@@ -83,8 +83,8 @@
 //! With the probes the client knows it too before the first read: that case is at 1.664 (the
 //! default window).
 //!
-//! **Content by turns.** The read that asks for the content from the first of its `quorum`
-//! replicas was drawn at random per read; it now goes by turns from read to read. Traced at
+//! **Content by turns.** Which of a read's first `quorum` requests asks for the content was
+//! drawn at random per read; it now goes by turns from read to read. Traced at
 //! seed 1, case 4 (11 replicas, 4 slow, 2 dead, quorum 4; the fourth nearest healthy replica at
 //! 204 ms one way sets the floor): the random draw sent the first four reads' content to the
 //! same replica (170 ms one way), four copies of 4 KiB against its connection's ten-packet

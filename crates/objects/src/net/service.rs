@@ -31,10 +31,10 @@
 //! - **Read** (`get`, [`ObjectService::read_from`]): a [`QuorumPlan`] (policy from the
 //!   configuration, hedged by default) asks replicas in parallel and returns at quorum. Most
 //!   requests ask for *metadata* (version and hash) only; one in every `quorum` requests, the
-//!   first of them taken by turns from read to read, asks for the content too (none when this node is a replica:
-//!   it answers itself, version and hash, its content checked through a small buffer), and so
-//!   does a hedge sent while no content has arrived. A replica answers a metadata request the
-//!   same way, without reading the content into memory.
+//!   first of them taken by turns from read to read, asks for the content too (none when this
+//!   node is a replica: it answers itself, version and hash, its content checked through a small
+//!   buffer), and so does a hedge sent while no content has arrived. A replica answers a
+//!   metadata request the same way, without reading the content into memory.
 //!   A read then moves about one copy of the object, not one per replica: when every replica
 //!   sent its copy, each owed a copy per read, and a replica's new connection (a congestion
 //!   window of ten packets) queued them for seconds (`docs/scenarios.md`, the quorum sweep). An

@@ -59,17 +59,17 @@ pub(super) struct OneFull {
 }
 
 impl Modes {
-    /// The content from one replica in every `quorum` requests, starting with the one at
-    /// `full_at` (taken by turns below `quorum` by the caller, so that the replicas ranked
-    /// first share the reads' content evenly): a plan that asks more replicas than its quorum (at first, while it
-    /// cannot tell which are slow) expects some not to answer in time, and the content should
-    /// not wait on one of those. None when this node is a candidate (its own copy is read once
-    /// the quorum's winner is known). A later request (a hedge for a late one) also asks for the
-    /// content while none has arrived, and so does any request to an idle replica while the
-    /// chance that every replica asked for it so far is late is above 1 − [`CONFIDENCE`] (by
-    /// each replica's timeliness: before any answer, every replica is a stranger at even odds),
-    /// if there are more `candidates` than the quorum (when every candidate must answer, the
-    /// content comes with the quorum from whichever replica carries it).
+    /// The content from one replica in every `quorum` requests, starting with the one at `full_at`
+    /// (taken by turns below `quorum` by the caller, so that the replicas ranked first share the
+    /// reads' content evenly): a plan that asks more replicas than its quorum (at first, while it
+    /// cannot tell which are slow) expects some not to answer in time, and the content should not
+    /// wait on one of those. None when this node is a candidate (its own copy is read once the
+    /// quorum's winner is known). A later request (a hedge for a late one) also asks for the
+    /// content while none has arrived, and so does any request to an idle replica while the chance
+    /// that every replica asked for it so far is late is above 1 − [`CONFIDENCE`] (by each
+    /// replica's timeliness: before any answer, every replica is a stranger at even odds), if there
+    /// are more `candidates` than the quorum (when every candidate must answer, the content comes
+    /// with the quorum from whichever replica carries it).
     ///
     /// With `stream` (a read that streams its content to its client), those requests ask for
     /// the content only if it is small ([`FetchMode::FullIfSmall`]): a larger one is fetched
