@@ -91,6 +91,11 @@ tolerance_for=(
   # (0.875-0.913).
   "transfer-bound/meshwire-pipelined/batches_per_s=0.25"
   "transfer-bound-standard-window/meshwire-pipelined/batches_per_s=0.25"
+  # CUBIC at a shallow queue (the default controller): which of the overflow's losses it reads as
+  # congestion moves with each millisecond of real-time pacing. Two runs on the idle 2-core
+  # machine, with no transport change between them: 868.2 and 687.0 Mbit/s against 883.5 virtual
+  # (0.983, 0.778; tbf dropped 496 packets in the second).
+  "bulk-bdp-shallow-queue/meshwire/goodput_mbit_per_s=0.25"
 )
 
 # The most hosts any case needs.
