@@ -284,6 +284,7 @@ impl DaemonBuilder {
         register_start_time(service.node());
         let anti_entropy = service.spawn_anti_entropy().map(AbortOnDrop);
         let probes = service.spawn_probes().map(AbortOnDrop);
+        let checkpoints = service.spawn_checkpoints().map(AbortOnDrop);
         let topics = match &self.topics {
             Some(config) => Some(Topics::start(service.node(), config)?),
             None => None,
@@ -314,6 +315,7 @@ impl DaemonBuilder {
             http,
             anti_entropy,
             probes,
+            checkpoints,
         })
     }
 }
@@ -413,6 +415,8 @@ pub struct Daemon {
     anti_entropy: Option<AbortOnDrop>,
     /// The loop probing members as they connect (`None`: probes are off).
     probes: Option<AbortOnDrop>,
+    /// The loop saving the store's allocator state once it falls idle (`None`: in memory).
+    checkpoints: Option<AbortOnDrop>,
 }
 
 impl Daemon {
@@ -482,6 +486,7 @@ impl Daemon {
     pub async fn shutdown(self) -> Result<(), DaemonError> {
         drop(self.anti_entropy);
         drop(self.probes);
+        drop(self.checkpoints);
         if let Some(topics) = &self.topics {
             topics.close();
         }

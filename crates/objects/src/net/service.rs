@@ -382,6 +382,12 @@ impl ObjectService {
                 counts.writes.clone(),
             );
             registry.register(
+                "object_store_checkpoints",
+                "Empty commits that saved the store's allocator state once it fell idle after \
+                 commits that did not (a crash then reopens it without a rebuild)",
+                counts.checkpoints.clone(),
+            );
+            registry.register(
                 "object_read_repairs",
                 "Stale replicas sent the winning copy after a read",
                 metrics.repairs.clone(),

@@ -50,10 +50,12 @@
 //! objects as shared buffers, so many readers of one large object share one copy (the 250-reader
 //! test in `bench/http.sh`). An object larger than a quarter of the object cache is not cached.
 //!
-//! **Crash recovery.** Every write transaction of a store on disk uses redb's quick repair: the
-//! allocator state is saved with each commit, so opening the store after a crash does not rescan
-//! the whole file. A store in memory ([`Store::in_memory`]: tests and the lab) has no crash to
-//! recover from and skips it.
+//! **Crash recovery.** A store on disk uses redb's quick repair when writes are sparse and once a
+//! busy store falls idle (`store/repair.rs`): the commit saves redb's allocator state, so opening
+//! the store after a crash does not rebuild it by walking the whole file. Saving it in every
+//! commit cost about three quarters of a small write's CPU; a crash in the middle of a run of
+//! writes now costs a rebuild on the next open instead. A store in memory ([`Store::in_memory`]:
+//! tests and the lab) has no crash to recover from and skips it.
 //!
 //! **Compaction.** redb reuses freed pages but never returns space on its own, so a store whose
 //! content shrank keeps its high-water mark on disk. [`Store::compact`] runs redb's compaction
@@ -88,11 +90,13 @@ mod body;
 mod files;
 mod group;
 mod layout;
+mod repair;
 mod writer;
 
 pub use body::{Body, ContentReader};
 pub use layout::chunk_sizes;
 use layout::*;
+pub use repair::QUICK_REPAIR_GAP;
 pub use writer::{ContentWriter, WrittenContent};
 
 /// Content of at least this many bytes goes to a file of its own in a store on disk.
@@ -250,8 +254,8 @@ pub struct Store {
     /// Content files (on disk only).
     files: Option<files::Files>,
     counts: CommitCounts,
-    /// Whether commits save the allocator state for a fast reopen after a crash (on disk only).
-    quick_repair: bool,
+    /// Which commits save the allocator state for a fast reopen after a crash (on disk only).
+    repair: Option<repair::Repair>,
 }
 
 /// Counts of the store's durable write transactions, shared with the metrics registry.
@@ -261,6 +265,9 @@ pub struct CommitCounts {
     pub commits: Counter,
     /// Objects those transactions wrote.
     pub writes: Counter,
+    /// Empty commits that saved redb's allocator state once the store fell idle after commits
+    /// that did not (see `store/repair.rs`).
+    pub checkpoints: Counter,
 }
 
 impl CommitCounts {
@@ -361,7 +368,7 @@ impl Store {
             group: group::Group::default(),
             files,
             counts: CommitCounts::default(),
-            quick_repair,
+            repair: quick_repair.then(repair::Repair::new),
         };
         store.migrate_legacy()?;
         Ok(store)
@@ -429,7 +436,7 @@ impl Store {
             if done {
                 txn.delete_table(LEGACY)?;
             }
-            txn.commit()?;
+            self.commit(txn)?;
             if done {
                 break;
             }
@@ -441,13 +448,70 @@ impl Store {
         Ok(())
     }
 
-    /// A write transaction, with quick repair on disk (see the module docs; a store in memory
-    /// has no crash to recover from, and saving the allocator state at every commit made the
-    /// lab's in-memory stores spend most of their time copying it).
+    /// A write transaction; commit it with [`Self::commit`].
     fn write_txn(&self) -> Result<redb::WriteTransaction, StoreError> {
-        let mut txn = self.db().begin_write()?;
-        txn.set_quick_repair(self.quick_repair);
-        Ok(txn)
+        Ok(self.db().begin_write()?)
+    }
+
+    /// Commits `txn` durably, saving redb's allocator state if this commit should (on disk only,
+    /// see `store/repair.rs`; a store in memory has no crash to recover from, and saving the
+    /// state at every commit made the lab's in-memory stores spend most of their time copying
+    /// it).
+    fn commit(&self, txn: redb::WriteTransaction) -> Result<(), StoreError> {
+        self.commit_saving(txn, false)
+    }
+
+    /// [`Self::commit`], saving the allocator state in any case if `save` (a checkpoint).
+    fn commit_saving(&self, mut txn: redb::WriteTransaction, save: bool) -> Result<(), StoreError> {
+        let Some(repair) = &self.repair else {
+            return Ok(txn.commit()?);
+        };
+        txn.set_quick_repair(repair.decide(save, Instant::now()));
+        let result = txn.commit();
+        repair.committed(result.is_ok(), Instant::now());
+        Ok(result?)
+    }
+
+    /// Saves redb's allocator state in an empty commit if the last commit did not and none has
+    /// ended for [`QUICK_REPAIR_GAP`], so that a crash from now on reopens quickly (see
+    /// `store/repair.rs`). Returns whether it committed.
+    pub fn checkpoint(&self) -> Result<bool, StoreError> {
+        let Some(repair) = &self.repair else {
+            return Ok(false);
+        };
+        let idle = |since: Instant| since.elapsed() >= QUICK_REPAIR_GAP;
+        if !repair.unsaved_since().is_some_and(idle) {
+            return Ok(false);
+        }
+        let txn = self.write_txn()?;
+        // A commit may have come between the check and the transaction.
+        if !repair.unsaved_since().is_some_and(idle) {
+            return Ok(false);
+        }
+        self.commit_saving(txn, true)?;
+        self.counts.checkpoints.inc();
+        Ok(true)
+    }
+
+    /// Resolves when a commit left the allocator state unsaved and it has been
+    /// [`QUICK_REPAIR_GAP`] since the last commit ended: [`Self::checkpoint`] is due.
+    /// Never, for a store in memory.
+    pub async fn checkpoint_due(&self) {
+        let Some(repair) = &self.repair else {
+            return std::future::pending().await;
+        };
+        loop {
+            match repair.unsaved_since() {
+                None => repair.notified().await,
+                Some(since) => {
+                    let due = since + QUICK_REPAIR_GAP;
+                    if Instant::now() >= due {
+                        return;
+                    }
+                    tokio::time::sleep_until(due.into()).await;
+                }
+            }
+        }
     }
 
     /// The database, for one transaction. A read transaction begun through this guard must end
@@ -641,6 +705,11 @@ impl Store {
                 Ok(outcome?.unwrap_or_else(|held| held.unwrap_or(*stamp)))
             })
             .collect()
+    }
+
+    /// Whether the store is a file on disk (not [`Store::in_memory`]).
+    pub fn on_disk(&self) -> bool {
+        self.path.is_some()
     }
 
     /// The counts of durable write transactions (for the metrics registry: clones share them).

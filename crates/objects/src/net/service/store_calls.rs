@@ -127,6 +127,35 @@ impl ObjectService {
         }
     }
 
+    /// Keeps a store on disk quick to reopen after a crash: whenever commits left redb's
+    /// allocator state unsaved and the store has been idle for
+    /// [`crate::net::store::QUICK_REPAIR_GAP`], runs [`Store::checkpoint`] on the blocking pool
+    /// (see `store/repair.rs`). `None` for a store in memory. The loop holds the store open
+    /// until the task is aborted.
+    pub fn spawn_checkpoints(&self) -> Option<tokio::task::JoinHandle<()>> {
+        if !self.inner.store.on_disk() {
+            return None;
+        }
+        let store = self.inner.store.clone();
+        let inline = self.inner.inline_store;
+        Some(tokio::spawn(async move {
+            loop {
+                store.checkpoint_due().await;
+                let store = store.clone();
+                match blocking(inline, move || store.checkpoint()).await {
+                    Some(Ok(_)) => {}
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "saving the store's allocator state failed");
+                        // Not again before another commit: a failed commit counts as unsaved
+                        // and wakes the loop; a failure to begin the transaction waits a gap.
+                        tokio::time::sleep(crate::net::store::QUICK_REPAIR_GAP).await;
+                    }
+                    None => return,
+                }
+            }
+        }))
+    }
+
     /// The next chunk of at most `max` bytes from `reader` and the reader to read on with, or
     /// `None` at the end (see [`ContentReader::next_chunk`]); read on the blocking pool.
     pub async fn next_chunk(

@@ -194,7 +194,7 @@ fn together(store: &Store, writes: &[Write]) -> Result<Vec<Outcome>, StoreError>
         if let (true, Some(files)) = (new_files, &store.files) {
             files.sync_dir()?;
         }
-        txn.commit()?;
+        store.commit(txn)?;
         store.counts.committed(written);
         for id in replaced {
             store.remove_file(id);
