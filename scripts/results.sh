@@ -94,8 +94,8 @@ def field(run, pattern):
     return m[1] if m else "n/a"
 print("`bash bench/http.sh 10`: a release `meshwire node` alone on loopback (replication 1, so a GET is")
 print("a quorum read of one local replica), then a 3-node cluster on loopback (replication 3, write")
-print("quorum 2, read quorum 2: a GET asks the replicas over QUIC), load from `wrk` on the same 2-core")
-print("machine. Rows name what wrk counted as not 2xx, if any.\n")
+print("quorum 2, read quorum 2: a GET asks the replicas over QUIC; three runs of it), load from `wrk`")
+print("on the same 2-core machine. Rows name what wrk counted as not 2xx, if any.\n")
 print("| run | requests/s | latency p50 | latency p99 | node peak RSS (VmHWM) |")
 print("|---|---|---|---|---|")
 for run in runs:
