@@ -96,7 +96,7 @@ mod writer;
 pub use body::{Body, ContentReader};
 pub use layout::chunk_sizes;
 use layout::*;
-pub use repair::QUICK_REPAIR_GAP;
+pub use repair::{CHECKPOINT_MAX_BACKOFF, QUICK_REPAIR_GAP};
 pub use writer::{ContentWriter, WrittenContent};
 
 /// Content of at least this many bytes goes to a file of its own in a store on disk.

@@ -6,7 +6,9 @@ use bytes::Bytes;
 use meshwire::HandlerError;
 
 use super::{lock, ObjectService, ObjectServiceError, ReadBody};
-use crate::net::store::{Body, ContentReader, Store, StoreError, StoredObject};
+use crate::net::store::{
+    Body, ContentReader, Store, StoreError, StoredObject, CHECKPOINT_MAX_BACKOFF, QUICK_REPAIR_GAP,
+};
 use crate::proto::object::{content_hash, ContentHash, Stamp};
 
 impl ObjectService {
@@ -128,9 +130,10 @@ impl ObjectService {
     }
 
     /// Keeps a store on disk quick to reopen after a crash: whenever commits left redb's
-    /// allocator state unsaved and the store has been idle for
-    /// [`crate::net::store::QUICK_REPAIR_GAP`], runs [`Store::checkpoint`] on the blocking pool
-    /// (see `store/repair.rs`). `None` for a store in memory. The loop holds the store open
+    /// allocator state unsaved and the store has been idle for [`QUICK_REPAIR_GAP`], runs
+    /// [`Store::checkpoint`] on the blocking pool (see `store/repair.rs`). A failed checkpoint
+    /// is logged and tried again after a wait that doubles with each failure in a row, up to
+    /// [`CHECKPOINT_MAX_BACKOFF`]. `None` for a store in memory. The loop holds the store open
     /// until the task is aborted.
     pub fn spawn_checkpoints(&self) -> Option<tokio::task::JoinHandle<()>> {
         if !self.inner.store.on_disk() {
@@ -139,16 +142,21 @@ impl ObjectService {
         let store = self.inner.store.clone();
         let inline = self.inner.inline_store;
         Some(tokio::spawn(async move {
+            let mut backoff = QUICK_REPAIR_GAP;
             loop {
                 store.checkpoint_due().await;
                 let store = store.clone();
                 match blocking(inline, move || store.checkpoint()).await {
-                    Some(Ok(_)) => {}
+                    Some(Ok(_)) => backoff = QUICK_REPAIR_GAP,
                     Some(Err(error)) => {
-                        tracing::warn!(%error, "saving the store's allocator state failed");
-                        // Not again before another commit: a failed commit counts as unsaved
-                        // and wakes the loop; a failure to begin the transaction waits a gap.
-                        tokio::time::sleep(crate::net::store::QUICK_REPAIR_GAP).await;
+                        tracing::warn!(
+                            %error,
+                            retry_ms = backoff.as_millis() as u64,
+                            "saving the store's allocator state failed (a crash now costs a \
+                             rebuild when the store is opened; no write is lost)"
+                        );
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(CHECKPOINT_MAX_BACKOFF);
                     }
                     None => return,
                 }

@@ -33,6 +33,10 @@ use tokio::sync::Notify;
 /// store left unsaved is checkpointed once no commit has ended for this long.
 pub const QUICK_REPAIR_GAP: Duration = Duration::from_millis(50);
 
+/// The longest wait between two attempts at a checkpoint that keeps failing (the wait starts at
+/// [`QUICK_REPAIR_GAP`] and doubles with each failure in a row).
+pub const CHECKPOINT_MAX_BACKOFF: Duration = Duration::from_secs(60);
+
 /// The state of a store on disk's crash recovery.
 #[derive(Debug, Default)]
 pub(super) struct Repair {
