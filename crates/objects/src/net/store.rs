@@ -479,13 +479,17 @@ impl Store {
         let Some(repair) = &self.repair else {
             return Ok(false);
         };
-        let idle = |since: Instant| since.elapsed() >= QUICK_REPAIR_GAP;
-        if !repair.unsaved_since().is_some_and(idle) {
+        let due = || {
+            repair
+                .checkpoint_due_at()
+                .is_some_and(|at| Instant::now() >= at)
+        };
+        if !due() {
             return Ok(false);
         }
         let txn = self.write_txn()?;
         // A commit may have come between the check and the transaction.
-        if !repair.unsaved_since().is_some_and(idle) {
+        if !due() {
             return Ok(false);
         }
         self.commit_saving(txn, true)?;
@@ -501,15 +505,10 @@ impl Store {
             return std::future::pending().await;
         };
         loop {
-            match repair.unsaved_since() {
+            match repair.checkpoint_due_at() {
                 None => repair.notified().await,
-                Some(since) => {
-                    let due = since + QUICK_REPAIR_GAP;
-                    if Instant::now() >= due {
-                        return;
-                    }
-                    tokio::time::sleep_until(due.into()).await;
-                }
+                Some(due) if Instant::now() >= due => return,
+                Some(due) => tokio::time::sleep_until(due.into()).await,
             }
         }
     }

@@ -102,6 +102,12 @@ impl Repair {
         }
     }
 
+    /// When a checkpoint is due: [`QUICK_REPAIR_GAP`] after the last commit ended, if it left
+    /// the allocator state unsaved.
+    pub(super) fn checkpoint_due_at(&self) -> Option<Instant> {
+        self.unsaved_since().map(|at| at + QUICK_REPAIR_GAP)
+    }
+
     /// Resolves after a commit that left the allocator state unsaved (at once if one came since
     /// the last call).
     pub(super) async fn notified(&self) {
