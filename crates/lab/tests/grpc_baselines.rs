@@ -1,7 +1,8 @@
 //! The gRPC baselines of the xx-team scenario run real tonic calls round a lab ring: every batch
 //! comes back with every node's transform applied, and 64 KiB HTTP/2 windows make a batch much
 //! larger than the window take window round trips while streaming with tonic's defaults does not;
-//! their TCP bytes are serialized at the link rate, so no hop comes in under its physical floor.
+//! their TCP bytes are serialized at the link rate, so no hop comes in under its physical floor;
+//! and their TCP loses segments at the link's loss rate.
 #![cfg(feature = "baselines")]
 
 use meshwire_lab::{run_scenario, Mode, Report, ScenarioFile};
@@ -102,5 +103,49 @@ fn grpc_baselines_do_not_beat_the_hop_floor() {
                 "{case} {policy}: hop {hop} ms under the floor"
             );
         }
+    }
+}
+
+/// The same ring on a lossless and on a 3%-loss link (10 ms, 100 Mbit/s, 200 KB batches). The
+/// baselines' TCP loses segments at the link's rate, as meshwire's datagrams are lost: each lost
+/// segment arrives a round trip late and the bytes behind it wait, so the lossy hops are slower.
+/// Before TCP's rules were modelled (`crates/lab/src/tcp_link/flow.rs`) nothing was lost and the
+/// two cases took the same time.
+const LOSS_SCENARIO: &str = r#"
+name = "grpc-loss"
+description = "the gRPC baselines pay the link's loss"
+kind = "xx-team"
+seed = 3
+policies = ["grpc-unary-64k", "grpc-stream"]
+
+[[case]]
+name = "lossless"
+workload = "ring"
+duration_s = 30
+link = { latency_ms = 10, rate_mbit_per_s = 100 }
+params = { nodes = 2, slots = 400, payload_bytes = 500, batches = 1, hop_samples = 4 }
+
+[[case]]
+name = "lossy"
+workload = "ring"
+duration_s = 30
+link = { latency_ms = 10, rate_mbit_per_s = 100, loss = 0.03 }
+params = { nodes = 2, slots = 400, payload_bytes = 500, batches = 1, hop_samples = 4 }
+"#;
+
+#[test]
+fn grpc_baselines_pay_the_links_loss() {
+    let scenario = ScenarioFile::parse(LOSS_SCENARIO, "test").unwrap();
+    let report = run_scenario(&scenario, scenario.seed, Mode::Virtual, |_, _| {}).unwrap();
+    for policy in ["grpc-unary-64k", "grpc-stream"] {
+        for case in ["lossless", "lossy"] {
+            assert_eq!(case_metric(&report, case, policy, "batches_failed"), 0.0);
+        }
+        let lossless = case_metric(&report, "lossless", policy, "hop_transfer_ms_p99");
+        let lossy = case_metric(&report, "lossy", policy, "hop_transfer_ms_p99");
+        assert!(
+            lossy >= lossless + 20.0,
+            "{policy}: {lossy} ms lossy against {lossless} ms lossless"
+        );
     }
 }

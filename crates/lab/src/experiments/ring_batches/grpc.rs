@@ -19,8 +19,10 @@
 //! "Round Trip Ping". turmoil's TCP has latency but no bandwidth, so every connection goes through
 //! [`crate::tcp_link::PacedTcp`]: each direction of each host pair serializes its bytes at the
 //! case's link rate (4 ms per 4 Mbit at 1 Gbit/s), as meshwire's UDP links do, and the baselines
-//! pay serialization and the HTTP/2 window round trips. They still do not pay loss, jitter, a
-//! drop-tail queue, congestion control or slow start, which turmoil's TCP does not model.
+//! pay serialization and the HTTP/2 window round trips. The links' jitter delays TCP's segments as
+//! it delays datagrams, and each connection sends by TCP's rules (window, slow start, CUBIC, the
+//! link's loss, the restart after idle: [`crate::tcp_link::TcpFlow`]), which turmoil's TCP lacks;
+//! only the drop-tail queue is not modelled (nothing drops but the link's random loss).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -500,9 +502,11 @@ pub fn run(
     // it every hop took 44 ms on a 45 ms link and the ring ping 220 ms).
     spec.latency += TICK;
     let mut lab = Lab::new(seed, spec, case.duration() + Duration::from_secs(1));
-    // turmoil's TCP has no bandwidth and no jitter: every connection's bytes are serialized at
-    // the rate of the lab's link in their direction and jittered as its datagrams would be.
-    let links = TcpLinks::new(lab.network().clone(), TICK, seed);
+    // turmoil's TCP has no bandwidth, no jitter and no loss: every connection's bytes are
+    // serialized at the rate of the lab's link in their direction, jittered as its datagrams
+    // would be, and sent by TCP's rules (window, slow start, CUBIC, the link's loss), on the
+    // round trip TCP takes: the links' latencies without the tick added above.
+    let links = TcpLinks::new(lab.network().clone(), TICK, seed, TICK);
     let names: Vec<String> = (0..workload.nodes).map(|i| format!("n{i}")).collect();
     let hops: Arc<Mutex<Vec<Duration>>> = Arc::default();
     // Hosts exist before their addresses are known: relays read the table when they start.

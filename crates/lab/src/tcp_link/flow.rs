@@ -1,0 +1,332 @@
+//! TCP's sender rules for one direction of one lab TCP connection: Linux's defaults, modelled
+//! where the bytes are received.
+//!
+//! # Design
+//!
+//! turmoil's TCP delivers every write one link latency after it was made, with no window and no
+//! loss, so a gRPC baseline on it never paid what a TCP sender pays on a real path while
+//! meshwire's QUIC paid all of it: the ring sweep's lossy cases dropped 1–2% of meshwire's
+//! datagrams and none of gRPC's bytes, and a batch after idle left at full rate on gRPC while
+//! meshwire's window had to carry it. [`TcpFlow`] adds the sender's rules, per segment of
+//! [`super::SEGMENT_BYTES`], as Linux applies them by default (`net.ipv4.tcp_congestion_control =
+//! cubic`, `tcp_slow_start_after_idle = 1`):
+//! - **Window.** At most `cwnd` segments are unacknowledged. A segment whose slot is not free
+//!   leaves when the acknowledgement that frees it reaches the sender, one round trip after the
+//!   segment that held the slot was received. The first window is ten segments (RFC 6928).
+//! - **Slow start**, one segment more per segment acknowledged, until the first loss; no
+//!   HyStart (which ends slow start earlier, on a rising RTT).
+//! - **CUBIC** (RFC 9438) after it: on a loss the window falls to β = 0.7 of itself (once per
+//!   round trip, as a SACK recovery reduces once), then grows as `C·(t − K)³ + W_max` with
+//!   C = 0.4, or by the Reno-friendly estimate where that is faster.
+//! - **Loss.** Each segment is lost with the link's loss rate (i.i.d., drawn from a seeded RNG),
+//!   or when the link's drop-tail queue has no room for it (the caller says so: the queue is the
+//!   link's, shared by every connection in that direction, [`super::Serializer::offer_segment`]),
+//!   and received one round trip after it would have been: fast retransmit on the duplicate
+//!   acknowledgements of the segments after it. Bytes after it wait for it (TCP delivers in
+//!   order). A lost last segment, which Linux finds by its tail-loss probe two round trips
+//!   later or by its retransmission timeout, is also taken as recovered in one: generous to TCP.
+//! - **Restart after idle** (RFC 7661's problem, Linux's `tcp_cwnd_restart`): a sender with
+//!   nothing in flight that sent nothing for a retransmission timeout (here RTT + 200 ms, Linux's
+//!   floor on the RTT variance) halves its window for every timeout of idleness, down to the
+//!   first window.
+//!
+//! Not modelled, each in TCP's favour: HyStart, delayed acknowledgements, ACK clocking, and the
+//! queue time and serialization of a retransmission. TCP/IP headers are not counted in the
+//! link's bytes (the link counts TCP payload, as it counts UDP payload for QUIC, whose headers
+//! are inside it).
+//!
+//! Time is in receive coordinates: the instant a segment would arrive with no window, which is
+//! when turmoil hands it over (one latency after the write). A segment that must wait for a
+//! slot arrives one round trip after the segment that held it was received. Nothing here reads
+//! a clock.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+/// The first window, in segments (RFC 6928, Linux's default).
+pub const INITIAL_WINDOW: f64 = 10.0;
+/// CUBIC's multiplicative decrease.
+const BETA: f64 = 0.7;
+/// CUBIC's scaling constant, in segments per second cubed.
+const C: f64 = 0.4;
+/// Linux's least retransmission timeout above the RTT (`TCP_RTO_MIN`).
+const RTO_FLOOR: Duration = Duration::from_millis(200);
+/// The fewest segments a window holds.
+const MIN_WINDOW: f64 = 2.0;
+
+/// One segment sent and not yet acknowledged (or found lost).
+#[derive(Debug, Clone, Copy)]
+struct Unacked {
+    /// When its acknowledgement (or, if lost, the duplicate acknowledgements that reveal the
+    /// loss) lets the next segment leave, in receive coordinates.
+    known_at: Instant,
+    lost: bool,
+}
+
+/// The sender's state of one direction of one connection (see the module's `# Design`).
+#[derive(Debug, Clone)]
+pub struct TcpFlow {
+    rtt: Duration,
+    loss: f64,
+    rng: SmallRng,
+    /// Congestion window, in segments.
+    cwnd: f64,
+    ssthresh: f64,
+    /// CUBIC's window before its last reduction.
+    w_max: f64,
+    /// The start of CUBIC's current epoch, and its `K` in seconds.
+    epoch: Option<(Instant, f64)>,
+    /// The Reno-friendly estimate of the window.
+    reno: f64,
+    /// Losses known before this instant belong to the recovery in progress.
+    recovery_until: Option<Instant>,
+    unacked: VecDeque<Unacked>,
+    /// When the last segment was offered.
+    last_sent: Option<Instant>,
+}
+
+impl TcpFlow {
+    /// A fresh connection's sender on a path of round trip `rtt` that loses `loss` of its
+    /// segments, losses drawn from `seed`.
+    pub fn new(rtt: Duration, loss: f64, seed: u64) -> Self {
+        Self {
+            rtt,
+            loss: loss.clamp(0.0, 1.0),
+            rng: SmallRng::seed_from_u64(seed),
+            cwnd: INITIAL_WINDOW,
+            ssthresh: f64::INFINITY,
+            w_max: 0.0,
+            epoch: None,
+            reno: INITIAL_WINDOW,
+            recovery_until: None,
+            unacked: VecDeque::new(),
+            last_sent: None,
+        }
+    }
+
+    /// The congestion window, in segments.
+    pub fn window(&self) -> f64 {
+        self.cwnd
+    }
+
+    /// When a segment that would arrive at `offered` with no window does arrive: once a slot in
+    /// the window is free, and not before the segment sent before it. Applies every
+    /// acknowledgement and loss known by then.
+    pub fn send(&mut self, offered: Instant) -> Instant {
+        // Segments leave in order: none before the one sent before it.
+        let mut at = self.last_sent.map_or(offered, |last| last.max(offered));
+        self.learn_until(at);
+        if self.unacked.is_empty() {
+            self.restart_after_idle(at);
+        }
+        while self.unacked.len() as f64 >= self.cwnd.floor().max(1.0) {
+            let Some(oldest) = self.unacked.pop_front() else {
+                break;
+            };
+            at = at.max(oldest.known_at);
+            self.learn(oldest);
+            self.learn_until(at);
+        }
+        self.last_sent = Some(at);
+        at
+    }
+
+    /// Records the segment just sent (at what [`Self::send`] returned) that its link delivers at
+    /// `delivered` (or would have, had its queue not `dropped` it); returns when the receiver has
+    /// it: then, or a round trip later if it is lost, to the link's random loss or to the queue.
+    pub fn delivered(&mut self, delivered: Instant, dropped: bool) -> Instant {
+        let lost = dropped || (self.loss > 0.0 && self.rng.random_bool(self.loss));
+        let known_at = delivered + self.rtt;
+        self.unacked.push_back(Unacked { known_at, lost });
+        if lost {
+            known_at
+        } else {
+            delivered
+        }
+    }
+
+    fn learn_until(&mut self, now: Instant) {
+        while let Some(&oldest) = self.unacked.front() {
+            if oldest.known_at > now {
+                break;
+            }
+            self.unacked.pop_front();
+            self.learn(oldest);
+        }
+    }
+
+    fn learn(&mut self, segment: Unacked) {
+        if segment.lost {
+            self.on_loss(segment.known_at);
+        } else {
+            self.on_ack(segment.known_at);
+        }
+    }
+
+    fn on_ack(&mut self, at: Instant) {
+        if self.cwnd < self.ssthresh {
+            self.cwnd += 1.0;
+            return;
+        }
+        let (start, k) = *self.epoch.get_or_insert_with(|| {
+            let k = ((self.w_max - self.cwnd).max(0.0) / C).cbrt();
+            (at, k)
+        });
+        let t = at.saturating_duration_since(start).as_secs_f64() + self.rtt.as_secs_f64();
+        let target = (C * (t - k).powi(3) + self.w_max).clamp(self.cwnd, 1.5 * self.cwnd);
+        self.reno += 3.0 * (1.0 - BETA) / (1.0 + BETA) / self.cwnd;
+        self.cwnd = (self.cwnd + (target - self.cwnd) / self.cwnd).max(self.reno);
+    }
+
+    fn on_loss(&mut self, at: Instant) {
+        if self.recovery_until.is_some_and(|until| at < until) {
+            return;
+        }
+        // Fast convergence (RFC 9438 §4.7): a flow losing below its last maximum yields more.
+        self.w_max = if self.cwnd < self.w_max {
+            self.cwnd * (1.0 + BETA) / 2.0
+        } else {
+            self.cwnd
+        };
+        self.cwnd = (self.cwnd * BETA).max(MIN_WINDOW);
+        self.ssthresh = self.cwnd;
+        self.reno = self.cwnd;
+        self.epoch = None;
+        self.recovery_until = Some(at + self.rtt);
+    }
+
+    /// Linux's `tcp_cwnd_restart`: one halving per retransmission timeout of idleness, down to
+    /// the first window.
+    fn restart_after_idle(&mut self, now: Instant) {
+        let Some(last) = self.last_sent else {
+            return;
+        };
+        let rto = self.rtt + RTO_FLOOR;
+        let mut idle = now.saturating_duration_since(last);
+        if idle <= rto {
+            return;
+        }
+        // Slow start takes the window back up to three quarters of what it was.
+        self.ssthresh = self.ssthresh.max(self.cwnd * 0.75);
+        let restart = INITIAL_WINDOW.min(self.cwnd);
+        while idle > rto && self.cwnd > restart {
+            self.cwnd = (self.cwnd / 2.0).max(restart);
+            idle -= rto;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// Sends `segments` offered at `start` over a link that delivers each one `one_way` after it
+    /// leaves and serializes one per `spacing`; returns when each is received. Checks that no
+    /// segment leaves before the one sent before it.
+    fn run(
+        flow: &mut TcpFlow,
+        start: Instant,
+        segments: usize,
+        one_way: Duration,
+        spacing: Duration,
+    ) -> Vec<Instant> {
+        let mut busy = start;
+        let mut previous = start;
+        (0..segments)
+            .map(|_| {
+                let sent = flow.send(start + one_way);
+                assert!(sent >= previous, "segments leave in order");
+                previous = sent;
+                busy = busy.max(sent) + spacing;
+                flow.delivered(busy, false)
+            })
+            .collect()
+    }
+
+    /// On a lossless 50 ms path with room for 1000 segments in flight, 150 segments take four
+    /// round trips of slow start (10, 20, 40, 80), not one.
+    #[test]
+    fn slow_start_doubles_the_window_each_round_trip() {
+        let start = Instant::now();
+        let rtt = 100 * MS;
+        let mut flow = TcpFlow::new(rtt, 0.0, 1);
+        let received = run(&mut flow, start, 150, 50 * MS, Duration::ZERO);
+        let rounds: Vec<usize> = (0..4)
+            .map(|round| {
+                let from = start + 50 * MS + rtt * round;
+                received
+                    .iter()
+                    .filter(|&&at| at >= from && at < from + rtt)
+                    .count()
+            })
+            .collect();
+        assert_eq!(rounds, [10, 20, 40, 80]);
+        assert_eq!(flow.window(), 10.0 + 150.0 - 80.0);
+    }
+
+    /// A lost segment arrives a round trip late, the window falls to 0.7 of itself once per
+    /// loss episode (two losses in one round trip cut once), and grows again afterwards.
+    #[test]
+    fn a_loss_costs_a_round_trip_and_cuts_the_window_once() {
+        let start = Instant::now();
+        let rtt = 20 * MS;
+        let mut flow = TcpFlow::new(rtt, 1.0, 1);
+        for _ in 0..2 {
+            let sent = flow.send(start);
+            assert_eq!(flow.delivered(sent, false), sent + rtt);
+        }
+        flow.loss = 0.0;
+        let sent = flow.send(start + rtt + MS);
+        assert_eq!(flow.delivered(sent, false), sent);
+        assert!((flow.window() - INITIAL_WINDOW * BETA).abs() < 1e-9);
+        let cut = flow.window();
+        run(&mut flow, start + rtt + MS, 500, 10 * MS, MS / 10);
+        assert!(flow.window() > cut, "{} after {cut}", flow.window());
+    }
+
+    /// A sender idle for three retransmission timeouts halves its window three times, down to
+    /// the first window; one that paused for less keeps it.
+    #[test]
+    fn an_idle_sender_restarts_from_the_first_window() {
+        let start = Instant::now();
+        let rtt = 10 * MS;
+        let mut flow = TcpFlow::new(rtt, 0.0, 1);
+        let received = run(&mut flow, start, 300, 5 * MS, Duration::ZERO);
+        // Every acknowledgement is in by then; nothing is left in flight.
+        let resumed = *received.last().unwrap() + 50 * MS;
+        assert_eq!(flow.send(resumed), resumed);
+        let grown = flow.window();
+        assert!(grown > 100.0, "{grown}");
+        let mut paused = flow.clone();
+        let _ = paused.send(resumed + 100 * MS);
+        assert_eq!(paused.window(), grown, "a pause shorter than a timeout");
+        let mut idle = flow.clone();
+        let _ = idle.send(resumed + 3 * (rtt + RTO_FLOOR) + 2 * MS);
+        assert_eq!(idle.window(), (grown / 8.0).max(INITIAL_WINDOW));
+        let _ = flow.send(resumed + Duration::from_secs(60));
+        assert_eq!(flow.window(), INITIAL_WINDOW);
+    }
+
+    /// At a given loss rate the share of segments lost follows it (seeded, so exactly
+    /// reproducible).
+    #[test]
+    fn losses_follow_the_link_rate() {
+        let start = Instant::now();
+        let mut flow = TcpFlow::new(2 * MS, 0.02, 7);
+        let mut late = 0;
+        for index in 0..20_000u32 {
+            let at = start + MS * index;
+            let sent = flow.send(at);
+            if flow.delivered(sent, false) > sent {
+                late += 1;
+            }
+        }
+        assert!((300..500).contains(&late), "{late} of 20000 lost at 2%");
+    }
+}
