@@ -390,10 +390,11 @@ impl<S: AsyncRead + Unpin> PacedTcp<S> {
                         None => wire.admit(now, filled.len(), &mut self.segments),
                         Some(flow) => {
                             for piece in filled.chunks(SEGMENT_BYTES) {
-                                let sent = flow.send(now);
-                                let readable = match wire.offer_segment(sent, piece.len()) {
-                                    Ok(through) => flow.delivered(through, false),
-                                    Err(would_be) => flow.delivered(would_be, true),
+                                let len = piece.len();
+                                let sent = flow.send(now, len);
+                                let readable = match wire.offer_segment(sent, len) {
+                                    Ok(through) => flow.delivered(len, through, false),
+                                    Err(would_be) => flow.delivered(len, would_be, true),
                                 };
                                 self.segments.push_back((readable, piece.len()));
                             }

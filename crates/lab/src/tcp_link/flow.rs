@@ -10,14 +10,17 @@
 //! meshwire's window had to carry it. [`TcpFlow`] adds the sender's rules, per segment of
 //! [`super::SEGMENT_BYTES`], as Linux applies them by default (`net.ipv4.tcp_congestion_control =
 //! cubic`, `tcp_slow_start_after_idle = 1`):
-//! - **Window.** At most `cwnd` segments are unacknowledged. A segment whose slot is not free
-//!   leaves when the acknowledgement that frees it reaches the sender, one round trip after the
-//!   segment that held the slot was received. The first window is ten segments (RFC 6928).
-//! - **Slow start**, one segment more per segment acknowledged, until the first loss; no
-//!   HyStart (which ends slow start earlier, on a rising RTT).
-//! - **CUBIC** (RFC 9438) after it: on a loss the window falls to β = 0.7 of itself (once per
-//!   round trip, as a SACK recovery reduces once), then grows as `C·(t − K)³ + W_max` with
-//!   C = 0.4, or by the Reno-friendly estimate where that is faster.
+//! - **Window.** At most `cwnd` full segments' worth of bytes are unacknowledged (a short
+//!   segment takes only its share: Linux sends the bytes that wait for the window as full
+//!   segments). A segment the window has no room for leaves when the acknowledgement that makes
+//!   room reaches the sender, one round trip after the segment it acknowledges was received.
+//!   The first window is ten segments (RFC 6928).
+//! - **Slow start**, one segment more per full segment acknowledged (byte counting, RFC 3465),
+//!   until the first loss; no HyStart (which ends slow start earlier, on a rising RTT).
+//! - **CUBIC** (RFC 9438, as Linux implements it) after it: on a loss the window falls to
+//!   β = 0.7 of itself, once per recovery (losses of segments sent before the recovery began
+//!   belong to it, as Linux's `high_seq`), then grows as `C·(t − K)³ + W_max` with C = 0.4, or by
+//!   the Reno-friendly estimate where that is faster.
 //! - **Loss.** Each segment is lost with the link's loss rate (i.i.d., drawn from a seeded RNG),
 //!   or when the link's drop-tail queue has no room for it (the caller says so: the queue is the
 //!   link's, shared by every connection in that direction, [`super::Serializer::offer_segment`]),
@@ -30,10 +33,17 @@
 //!   floor on the RTT variance) halves its window for every timeout of idleness, down to the
 //!   first window.
 //!
-//! Not modelled, each in TCP's favour: HyStart, delayed acknowledgements, ACK clocking, and the
-//! queue time and serialization of a retransmission. TCP/IP headers are not counted in the
-//! link's bytes (the link counts TCP payload, as it counts UDP payload for QUIC, whose headers
-//! are inside it).
+//! Not modelled, each in TCP's favour: HyStart, delayed acknowledgements, ACK clocking, the
+//! queue time and serialization of a retransmission (which is never lost), the window's growth
+//! while the application sends less than it (Linux grows only a window that limits) and CUBIC's
+//! epoch shift after idle. TCP/IP headers are not counted in the link's bytes (the link counts
+//! TCP payload, as it counts UDP payload for QUIC, whose headers are inside it). Against TCP:
+//! the idle timeout is taken from the path's RTT without its queueing (Linux's smoothed RTT
+//! includes it), so a sender whose RTT had grown with a queue restarts a little sooner here; and
+//! a segment books its link when it leaves by its own connection's clock, so on a direction
+//! shared by two connections (a 2-node ring's, where one connection's responses travel beside
+//! the other's requests) a segment waiting for its window can hold the link ahead of the other
+//! connection's bytes. The sweeps' rings of five have one data connection per direction.
 //!
 //! Time is in receive coordinates: the instant a segment would arrive with no window, which is
 //! when turmoil hands it over (one latency after the write). A segment that must wait for a
@@ -58,6 +68,9 @@ const RTO_FLOOR: Duration = Duration::from_millis(200);
 /// The fewest segments a window holds.
 const MIN_WINDOW: f64 = 2.0;
 
+/// The bytes a full segment carries: the window counts in them.
+const MSS: f64 = super::SEGMENT_BYTES as f64;
+
 /// One segment sent and not yet acknowledged (or found lost).
 #[derive(Debug, Clone, Copy)]
 struct Unacked {
@@ -65,6 +78,9 @@ struct Unacked {
     /// loss) lets the next segment leave, in receive coordinates.
     known_at: Instant,
     lost: bool,
+    bytes: usize,
+    /// Its place in the connection's sending order.
+    seq: u64,
 }
 
 /// The sender's state of one direction of one connection (see the module's `# Design`).
@@ -82,9 +98,14 @@ pub struct TcpFlow {
     epoch: Option<(Instant, f64)>,
     /// The Reno-friendly estimate of the window.
     reno: f64,
-    /// Losses known before this instant belong to the recovery in progress.
-    recovery_until: Option<Instant>,
+    /// The last segment sent when the recovery in progress began: a loss of it or of one before
+    /// it belongs to that recovery and does not cut the window again.
+    recover: Option<u64>,
+    /// Segments sent so far (the next one's `seq`).
+    sent: u64,
     unacked: VecDeque<Unacked>,
+    /// Bytes of the unacknowledged segments.
+    in_flight: usize,
     /// When the last segment was offered.
     last_sent: Option<Instant>,
 }
@@ -102,8 +123,10 @@ impl TcpFlow {
             w_max: 0.0,
             epoch: None,
             reno: INITIAL_WINDOW,
-            recovery_until: None,
+            recover: None,
+            sent: 0,
             unacked: VecDeque::new(),
+            in_flight: 0,
             last_sent: None,
         }
     }
@@ -113,17 +136,19 @@ impl TcpFlow {
         self.cwnd
     }
 
-    /// When a segment that would arrive at `offered` with no window does arrive: once a slot in
-    /// the window is free, and not before the segment sent before it. Applies every
-    /// acknowledgement and loss known by then.
-    pub fn send(&mut self, offered: Instant) -> Instant {
+    /// When a segment of `len` bytes that would arrive at `offered` with no window does arrive:
+    /// once the window has room for it, and not before the segment sent before it. Applies every
+    /// acknowledgement and loss known by then. The window counts bytes (a full segment's worth
+    /// per segment of window), so a short segment takes only its share: Linux sends what waits
+    /// for the window as full segments.
+    pub fn send(&mut self, offered: Instant, len: usize) -> Instant {
         // Segments leave in order: none before the one sent before it.
         let mut at = self.last_sent.map_or(offered, |last| last.max(offered));
         self.learn_until(at);
         if self.unacked.is_empty() {
             self.restart_after_idle(at);
         }
-        while self.unacked.len() as f64 >= self.cwnd.floor().max(1.0) {
+        while (self.in_flight + len) as f64 > self.cwnd * MSS {
             let Some(oldest) = self.unacked.pop_front() else {
                 break;
             };
@@ -135,13 +160,21 @@ impl TcpFlow {
         at
     }
 
-    /// Records the segment just sent (at what [`Self::send`] returned) that its link delivers at
-    /// `delivered` (or would have, had its queue not `dropped` it); returns when the receiver has
-    /// it: then, or a round trip later if it is lost, to the link's random loss or to the queue.
-    pub fn delivered(&mut self, delivered: Instant, dropped: bool) -> Instant {
+    /// Records the segment of `len` bytes just sent (at what [`Self::send`] returned) that its
+    /// link delivers at `delivered` (or would have, had its queue not `dropped` it); returns when
+    /// the receiver has it: then, or a round trip later if it is lost, to the link's random loss
+    /// or to the queue.
+    pub fn delivered(&mut self, len: usize, delivered: Instant, dropped: bool) -> Instant {
         let lost = dropped || (self.loss > 0.0 && self.rng.random_bool(self.loss));
         let known_at = delivered + self.rtt;
-        self.unacked.push_back(Unacked { known_at, lost });
+        self.unacked.push_back(Unacked {
+            known_at,
+            lost,
+            bytes: len,
+            seq: self.sent,
+        });
+        self.sent += 1;
+        self.in_flight += len;
         if lost {
             known_at
         } else {
@@ -160,16 +193,19 @@ impl TcpFlow {
     }
 
     fn learn(&mut self, segment: Unacked) {
+        self.in_flight = self.in_flight.saturating_sub(segment.bytes);
         if segment.lost {
-            self.on_loss(segment.known_at);
+            self.on_loss(segment.seq);
         } else {
-            self.on_ack(segment.known_at);
+            self.on_ack(segment.known_at, segment.bytes as f64 / MSS);
         }
     }
 
-    fn on_ack(&mut self, at: Instant) {
+    /// `segments` (full ones, a fraction for a short one: appropriate byte counting, RFC 3465)
+    /// acknowledged at `at`.
+    fn on_ack(&mut self, at: Instant, segments: f64) {
         if self.cwnd < self.ssthresh {
-            self.cwnd += 1.0;
+            self.cwnd += segments;
             return;
         }
         let (start, k) = *self.epoch.get_or_insert_with(|| {
@@ -178,12 +214,14 @@ impl TcpFlow {
         });
         let t = at.saturating_duration_since(start).as_secs_f64() + self.rtt.as_secs_f64();
         let target = (C * (t - k).powi(3) + self.w_max).clamp(self.cwnd, 1.5 * self.cwnd);
-        self.reno += 3.0 * (1.0 - BETA) / (1.0 + BETA) / self.cwnd;
-        self.cwnd = (self.cwnd + (target - self.cwnd) / self.cwnd).max(self.reno);
+        self.reno += segments * 3.0 * (1.0 - BETA) / (1.0 + BETA) / self.cwnd;
+        self.cwnd = (self.cwnd + segments * (target - self.cwnd) / self.cwnd).max(self.reno);
     }
 
-    fn on_loss(&mut self, at: Instant) {
-        if self.recovery_until.is_some_and(|until| at < until) {
+    /// The segment `seq` was lost. One reduction per recovery, as Linux's: losses of segments
+    /// sent before the recovery began (up to `recover`) belong to it.
+    fn on_loss(&mut self, seq: u64) {
+        if self.recover.is_some_and(|recover| seq <= recover) {
             return;
         }
         // Fast convergence (RFC 9438 §4.7): a flow losing below its last maximum yields more.
@@ -196,7 +234,7 @@ impl TcpFlow {
         self.ssthresh = self.cwnd;
         self.reno = self.cwnd;
         self.epoch = None;
-        self.recovery_until = Some(at + self.rtt);
+        self.recover = Some(self.sent.saturating_sub(1));
     }
 
     /// Linux's `tcp_cwnd_restart`: one halving per retransmission timeout of idleness, down to
@@ -225,6 +263,7 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+    const SEGMENT: usize = super::super::SEGMENT_BYTES;
 
     /// Sends `segments` offered at `start` over a link that delivers each one `one_way` after it
     /// leaves and serializes one per `spacing`; returns when each is received. Checks that no
@@ -240,11 +279,11 @@ mod tests {
         let mut previous = start;
         (0..segments)
             .map(|_| {
-                let sent = flow.send(start + one_way);
+                let sent = flow.send(start + one_way, SEGMENT);
                 assert!(sent >= previous, "segments leave in order");
                 previous = sent;
                 busy = busy.max(sent) + spacing;
-                flow.delivered(busy, false)
+                flow.delivered(SEGMENT, busy, false)
             })
             .collect()
     }
@@ -278,16 +317,32 @@ mod tests {
         let rtt = 20 * MS;
         let mut flow = TcpFlow::new(rtt, 1.0, 1);
         for _ in 0..2 {
-            let sent = flow.send(start);
-            assert_eq!(flow.delivered(sent, false), sent + rtt);
+            let sent = flow.send(start, SEGMENT);
+            assert_eq!(flow.delivered(SEGMENT, sent, false), sent + rtt);
         }
         flow.loss = 0.0;
-        let sent = flow.send(start + rtt + MS);
-        assert_eq!(flow.delivered(sent, false), sent);
+        let sent = flow.send(start + rtt + MS, SEGMENT);
+        assert_eq!(flow.delivered(SEGMENT, sent, false), sent);
         assert!((flow.window() - INITIAL_WINDOW * BETA).abs() < 1e-9);
         let cut = flow.window();
         run(&mut flow, start + rtt + MS, 500, 10 * MS, MS / 10);
         assert!(flow.window() > cut, "{} after {cut}", flow.window());
+    }
+
+    /// Short segments take their share of the window: thirty 500-byte segments fit the first
+    /// window of ten full ones, the thirty-first waits a round trip.
+    #[test]
+    fn short_segments_take_their_share_of_the_window() {
+        let start = Instant::now();
+        let rtt = 20 * MS;
+        let mut flow = TcpFlow::new(rtt, 0.0, 1);
+        let short = SEGMENT / 3;
+        for _ in 0..30 {
+            let sent = flow.send(start, short);
+            assert_eq!(sent, start);
+            flow.delivered(short, sent, false);
+        }
+        assert_eq!(flow.send(start, short), start + rtt);
     }
 
     /// A sender idle for three retransmission timeouts halves its window three times, down to
@@ -300,16 +355,16 @@ mod tests {
         let received = run(&mut flow, start, 300, 5 * MS, Duration::ZERO);
         // Every acknowledgement is in by then; nothing is left in flight.
         let resumed = *received.last().unwrap() + 50 * MS;
-        assert_eq!(flow.send(resumed), resumed);
+        assert_eq!(flow.send(resumed, SEGMENT), resumed);
         let grown = flow.window();
         assert!(grown > 100.0, "{grown}");
         let mut paused = flow.clone();
-        let _ = paused.send(resumed + 100 * MS);
+        let _ = paused.send(resumed + 100 * MS, SEGMENT);
         assert_eq!(paused.window(), grown, "a pause shorter than a timeout");
         let mut idle = flow.clone();
-        let _ = idle.send(resumed + 3 * (rtt + RTO_FLOOR) + 2 * MS);
+        let _ = idle.send(resumed + 3 * (rtt + RTO_FLOOR) + 2 * MS, SEGMENT);
         assert_eq!(idle.window(), (grown / 8.0).max(INITIAL_WINDOW));
-        let _ = flow.send(resumed + Duration::from_secs(60));
+        let _ = flow.send(resumed + Duration::from_secs(60), SEGMENT);
         assert_eq!(flow.window(), INITIAL_WINDOW);
     }
 
@@ -322,8 +377,8 @@ mod tests {
         let mut late = 0;
         for index in 0..20_000u32 {
             let at = start + MS * index;
-            let sent = flow.send(at);
-            if flow.delivered(sent, false) > sent {
+            let sent = flow.send(at, SEGMENT);
+            if flow.delivered(SEGMENT, sent, false) > sent {
                 late += 1;
             }
         }

@@ -21,8 +21,8 @@
 //! case's link rate (4 ms per 4 Mbit at 1 Gbit/s), as meshwire's UDP links do, and the baselines
 //! pay serialization and the HTTP/2 window round trips. The links' jitter delays TCP's segments as
 //! it delays datagrams, and each connection sends by TCP's rules (window, slow start, CUBIC, the
-//! link's loss, the restart after idle: [`crate::tcp_link::TcpFlow`]), which turmoil's TCP lacks;
-//! only the drop-tail queue is not modelled (nothing drops but the link's random loss).
+//! link's loss and its drop-tail queue, the restart after idle: [`crate::tcp_link::TcpFlow`]),
+//! which turmoil's TCP lacks.
 
 use std::convert::Infallible;
 use std::future::Future;
