@@ -5,7 +5,7 @@
 //! turmoil's TCP (what the gRPC baselines run on) delivers every write one link latency after it
 //! was made, whatever its size: it has latency but no bandwidth. [`PacedTcp`] adds the missing
 //! serialization on the receive side. Bytes the inner stream hands over at `t` (one latency after
-//! they were written) are cut into segments of at most [`SEGMENT_BYTES`] and queued on the directed
+//! they were written) are cut into segments of at most [`MSS`] bytes and queued on the directed
 //! link's [`Serializer`]; a segment becomes readable once it is serialized, at
 //! `max(t, when the link finished the previous segment) + segment / rate`. On a link whose latency
 //! is constant this is the same instant as serializing at the sender before propagation, so the
@@ -23,9 +23,18 @@
 //! bytes (`rate × tick`) ahead of the exact schedule, and serialization that ends on a tick
 //! boundary is exact.
 //!
-//! Rates count TCP payload bytes (the stream's bytes: for gRPC, HTTP/2 frames with their headers),
-//! as the UDP links count UDP payload. A packet rate counts [`SEGMENT_BYTES`] per packet. An
-//! unlimited rate and no jitter passes reads straight through.
+//! Segments and headers. A segment carries at most [`MSS`] stream bytes (for gRPC, HTTP/2 frames
+//! with their headers): 1448, Linux's on a 1500-byte MTU with TCP timestamps on (its default),
+//! 1500 − 20 (IPv4) − 20 (TCP) − 12 (timestamps option). The UDP links charge a datagram its UDP
+//! payload, the IP packet less 28 bytes (IPv4 and UDP headers), QUIC's own header included; a
+//! segment is charged the same way, its IP packet less 28 bytes: its stream bytes plus
+//! [`SEGMENT_HEADER_BYTES`] (24: TCP's 20-byte header and 12 bytes of timestamps, less UDP's 8).
+//! So a full segment and a full lab datagram (1472 bytes) are both one 1500-byte IP packet and
+//! take the same link time, and a packet rate counts one packet per segment, as it counts one per
+//! datagram. Before, a segment carried 1500 stream bytes, more than a 1500-byte packet can, and
+//! paid nothing for its headers, which gave the gRPC baselines about 3.5% more payload per second
+//! than a real TCP sender gets on the same link (meshwire pays QUIC's header inside the datagram).
+//! An unlimited rate and no jitter passes reads straight through.
 //!
 //! Jitter as the UDP links have it ([`crate::link::LinkSpec::jitter`]): each segment, once
 //! serialized, waits a further delay drawn uniformly from `[0, jitter]` (seeded per directed link)
@@ -58,15 +67,21 @@ use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-use crate::link::{Rate, PACKET_BYTES};
+use crate::link::Rate;
 use crate::socket::Network;
 
 mod flow;
 
 pub use flow::TcpFlow;
 
-/// The largest piece a link serializes at once: one Ethernet MTU, also what a packet rate counts.
-pub const SEGMENT_BYTES: usize = PACKET_BYTES;
+/// The most stream bytes one segment carries: Linux's MSS on a 1500-byte MTU with timestamps
+/// (1500 − 20 IPv4 − 20 TCP − 12 timestamps option).
+pub const MSS: usize = 1448;
+/// What a segment is charged on a link beyond its stream bytes: TCP's 20-byte header and its
+/// 12-byte timestamps option, less the 8 bytes of UDP header the UDP links do not charge either
+/// (they charge UDP payload). A full segment is charged `MSS + 24 = 1472` bytes, a full lab
+/// datagram's payload: both are one 1500-byte IP packet.
+pub const SEGMENT_HEADER_BYTES: usize = 24;
 
 /// Bytes read from the inner stream at a time.
 const READ_CHUNK: usize = 64 * 1024;
@@ -77,11 +92,20 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// What a segment of `len` stream bytes is charged on a byte-rate link: its bytes and its
+/// headers beyond a UDP datagram's ([`SEGMENT_HEADER_BYTES`]).
+fn charged_bytes(len: usize) -> usize {
+    len + SEGMENT_HEADER_BYTES
+}
+
 /// One directed link's serialization schedule: when each segment offered to it is through.
 /// Nothing here reads a clock: [`Serializer::admit`] takes the arrival time.
 #[derive(Debug, Clone)]
 pub struct Serializer {
-    /// Bits per second, `None` for unlimited.
+    /// The link's rate.
+    rate: Rate,
+    /// Bits per second, `None` for unlimited (a packet rate counts 1500 bytes per packet; used for
+    /// the queue's bytes).
     bits_per_sec: Option<u64>,
     /// When the link finishes the last segment admitted so far.
     busy_until: Option<Instant>,
@@ -96,9 +120,10 @@ pub struct Serializer {
 }
 
 impl Serializer {
-    /// A serializer at `rate` (packets count [`SEGMENT_BYTES`] each).
+    /// A serializer at `rate` (a packet rate counts one packet per segment).
     pub fn new(rate: Rate) -> Self {
         Self {
+            rate,
             bits_per_sec: rate.bit_rate(),
             busy_until: None,
             jitter: Duration::ZERO,
@@ -127,26 +152,27 @@ impl Serializer {
         self.bits_per_sec.is_none() && self.jitter.is_zero()
     }
 
-    /// Time to serialize `len` bytes, rounded up to the nanosecond so bytes never go faster than
-    /// the rate.
+    /// Time to serialize a segment of `len` stream bytes (charged [`charged_bytes`]), rounded up
+    /// to the nanosecond so bytes never go faster than the rate; one packet's time on a packet
+    /// rate.
     fn service_time(&self, len: usize) -> Duration {
-        match self.bits_per_sec {
-            None => Duration::ZERO,
-            Some(bits) => {
-                let nanos = (len as u128 * 8 * 1_000_000_000).div_ceil(u128::from(bits.max(1)));
-                Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+        let nanos = match self.rate {
+            Rate::Unlimited => 0,
+            Rate::PacketsPerSec(packets) => 1_000_000_000u128.div_ceil(u128::from(packets.max(1))),
+            Rate::BitsPerSec(bits) => {
+                (charged_bytes(len) as u128 * 8 * 1_000_000_000).div_ceil(u128::from(bits.max(1)))
             }
-        }
+        };
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
 
-    /// Offers `len` bytes arriving at `now`: cuts them into segments of at most
-    /// [`SEGMENT_BYTES`] and appends each segment's length and the instant it is through (its
+    /// Offers `len` bytes arriving at `now`: cuts them into segments of at most [`MSS`] and appends each segment's length and the instant it is through (its
     /// serialization, then its jitter, in link order) to `segments`, behind everything admitted
     /// before.
     pub fn admit(&mut self, now: Instant, len: usize, segments: &mut VecDeque<(Instant, usize)>) {
         let mut left = len;
         while left > 0 {
-            let piece = left.min(SEGMENT_BYTES);
+            let piece = left.min(MSS);
             segments.push_back((self.admit_segment(now, piece), piece));
             left -= piece;
         }
@@ -161,14 +187,14 @@ impl Serializer {
         {
             let waiting = busy.saturating_duration_since(now);
             let queued = u128::from(bits) * waiting.as_nanos() / 8 / 1_000_000_000;
-            if queued + len as u128 > queue_bytes as u128 {
+            if queued + charged_bytes(len) as u128 > queue_bytes as u128 {
                 return Err(busy.max(now) + self.service_time(len));
             }
         }
         Ok(self.admit_segment(now, len))
     }
 
-    /// Offers one segment of `len` bytes (at most [`SEGMENT_BYTES`]) arriving at `now`; returns
+    /// Offers one segment of `len` stream bytes (at most [`MSS`]) arriving at `now`; returns
     /// when it is through: its serialization behind everything admitted before, then its jitter,
     /// in link order.
     pub fn admit_segment(&mut self, now: Instant, len: usize) -> Instant {
@@ -389,7 +415,7 @@ impl<S: AsyncRead + Unpin> PacedTcp<S> {
                     match &mut self.flow {
                         None => wire.admit(now, filled.len(), &mut self.segments),
                         Some(flow) => {
-                            for piece in filled.chunks(SEGMENT_BYTES) {
+                            for piece in filled.chunks(MSS) {
                                 let len = piece.len();
                                 let sent = flow.send(now, len);
                                 let readable = match wire.offer_segment(sent, len) {
@@ -510,6 +536,12 @@ mod tests {
         segments.into()
     }
 
+    /// Link time of a segment of `len` stream bytes at one byte per microsecond: its bytes and
+    /// its headers.
+    fn on_wire(len: usize) -> Duration {
+        Duration::from_micros((len + SEGMENT_HEADER_BYTES) as u64)
+    }
+
     #[test]
     fn releases_bytes_no_faster_than_the_rate() {
         let now = Instant::now();
@@ -525,28 +557,40 @@ mod tests {
             );
         }
         assert_eq!(released, 15_000);
-        assert_eq!(segments.last().unwrap().0 - now, Duration::from_millis(15));
+        // Ten full segments and one of 520 bytes, each with its headers.
+        assert_eq!(segments.len(), 11);
+        let whole = Duration::from_micros(15_000 + 11 * SEGMENT_HEADER_BYTES as u64);
+        assert_eq!(segments.last().unwrap().0 - now, whole);
         // A second write at the same instant queues behind the first.
         let behind = admit_all(&mut serializer, now, 1000);
-        assert_eq!(behind, [(now + Duration::from_millis(16), 1000)]);
+        assert_eq!(behind, [(now + whole + on_wire(1000), 1000)]);
         // After the link has gone idle, bytes start at their own arrival.
         let later = now + Duration::from_secs(1);
         let fresh = admit_all(&mut serializer, later, 500);
-        assert_eq!(fresh, [(later + Duration::from_micros(500), 500)]);
+        assert_eq!(fresh, [(later + on_wire(500), 500)]);
+    }
+
+    /// A full segment takes as long on a link as a full lab datagram: both are one 1500-byte IP
+    /// packet.
+    #[test]
+    fn a_full_segment_is_charged_as_a_full_datagram() {
+        let rate = Rate::BitsPerSec(100_000_000);
+        let serializer = Serializer::new(rate);
+        assert_eq!(
+            serializer.service_time(MSS),
+            rate.service_time(usize::from(crate::lab::LAB_MTU))
+        );
     }
 
     #[test]
     fn splits_a_write_larger_than_a_segment() {
         let now = Instant::now();
         let mut serializer = Serializer::new(BYTE_PER_MICROSECOND);
-        let segments = admit_all(&mut serializer, now, 2 * SEGMENT_BYTES + 100);
+        let segments = admit_all(&mut serializer, now, 2 * MSS + 100);
         let lengths: Vec<usize> = segments.iter().map(|&(_, len)| len).collect();
-        assert_eq!(lengths, [SEGMENT_BYTES, SEGMENT_BYTES, 100]);
+        assert_eq!(lengths, [MSS, MSS, 100]);
         // The first segment is out before the whole write would be.
-        assert_eq!(
-            segments[0].0 - now,
-            Duration::from_micros(SEGMENT_BYTES as u64)
-        );
+        assert_eq!(segments[0].0 - now, on_wire(MSS));
     }
 
     /// Jitter delays each segment by at most its bound after serialization, keeps link order,
@@ -557,7 +601,7 @@ mod tests {
         let jitter = Duration::from_millis(8);
         let mut serializer = Serializer::new(Rate::Unlimited).with_jitter(jitter, 7);
         assert!(!serializer.is_unlimited());
-        let segments = admit_all(&mut serializer, now, 200 * SEGMENT_BYTES);
+        let segments = admit_all(&mut serializer, now, 200 * MSS);
         assert_eq!(segments.len(), 200);
         assert!(segments
             .iter()
@@ -570,12 +614,12 @@ mod tests {
     fn a_packet_rate_counts_a_segment_per_packet() {
         let now = Instant::now();
         let mut serializer = Serializer::new(Rate::PacketsPerSec(1000));
-        let segments = admit_all(&mut serializer, now, 3 * SEGMENT_BYTES);
+        let segments = admit_all(&mut serializer, now, 2 * MSS + 100);
         let done: Vec<Duration> = segments.iter().map(|&(at, _)| at - now).collect();
         assert_eq!(
             done,
             [1, 2, 3].map(Duration::from_millis),
-            "1000 packets/s of 1500 B"
+            "1000 packets/s, one per segment, short or full"
         );
     }
 
@@ -585,22 +629,20 @@ mod tests {
     #[test]
     fn a_full_queue_refuses_a_segment_and_leaves_the_link_unchanged() {
         let now = Instant::now();
-        let mut serializer = Serializer::new(BYTE_PER_MICROSECOND).with_queue(3 * SEGMENT_BYTES);
+        let charged = MSS + SEGMENT_HEADER_BYTES;
+        let mut serializer = Serializer::new(BYTE_PER_MICROSECOND).with_queue(3 * charged);
         let through: Vec<Instant> = (0..3)
-            .map(|_| serializer.offer_segment(now, SEGMENT_BYTES).unwrap())
+            .map(|_| serializer.offer_segment(now, MSS).unwrap())
             .collect();
         let third = through[2];
-        assert_eq!(third - now, Duration::from_micros(3 * SEGMENT_BYTES as u64));
-        let refused = serializer.offer_segment(now, SEGMENT_BYTES);
-        assert_eq!(
-            refused,
-            Err(third + Duration::from_micros(SEGMENT_BYTES as u64))
-        );
+        assert_eq!(third - now, 3 * on_wire(MSS));
+        let refused = serializer.offer_segment(now, MSS);
+        assert_eq!(refused, Err(third + on_wire(MSS)));
         // One segment's time later one slot is free, and the next one queues behind the third.
-        let later = now + Duration::from_micros(SEGMENT_BYTES as u64);
+        let later = now + on_wire(MSS);
         assert_eq!(
-            serializer.offer_segment(later, SEGMENT_BYTES),
-            Ok(third + Duration::from_micros(SEGMENT_BYTES as u64))
+            serializer.offer_segment(later, MSS),
+            Ok(third + on_wire(MSS))
         );
     }
 
@@ -632,11 +674,11 @@ mod tests {
 
     /// A turmoil TCP connection over a 10 ms, 8 Mbit/s link in virtual time: 150 000 bytes
     /// written at once are read no earlier than the tick in which the link has carried them, and
-    /// the end of the stream comes when TCP's first window allows: ten segments (15 ms of the
-    /// link) go at once, the eleventh when the first one's acknowledgement is back (the first
-    /// is through 1.5 ms after it arrived, the round trip is 20 ms), and from then on the window
-    /// outgrows the path (13 segments in flight fill it), so the last byte is through
-    /// 10 + 1.5 + 20 + 135 ms after the write, read in that tick.
+    /// the end of the stream comes when TCP's first window allows: ten segments (14.7 ms of the
+    /// link, headers included) go at once, the eleventh when the first one's acknowledgement is
+    /// back (the first is through 1.472 ms after it arrived, the round trip is 20 ms), and from
+    /// then on the window outgrows the path (14 segments in flight fill it), so the last byte is
+    /// through 10 + 1.472 + 20 + 137.8 ms (94 more segments) after the write, read in that tick.
     #[test]
     fn paces_a_turmoil_connection_in_virtual_time() {
         const LEN: usize = 150_000;
@@ -704,12 +746,16 @@ mod tests {
             let carried = (at + TICK).saturating_sub(written + latency).as_micros() as usize;
             assert!(total <= carried, "{total} B read {at:?} after {written:?}");
         }
-        let first_window = 10 * SEGMENT_BYTES;
+        // Every segment is charged its headers; the last one is short.
+        let first_window = 10 * MSS;
+        let later_segments = (LEN - first_window).div_ceil(MSS);
         let through = written
             + latency
-            + Duration::from_micros(SEGMENT_BYTES as u64)
+            + on_wire(MSS)
             + 2 * latency
-            + Duration::from_micros((LEN - first_window) as u64);
+            + Duration::from_micros(
+                (LEN - first_window + later_segments * SEGMENT_HEADER_BYTES) as u64,
+            );
         let tick_start = through - Duration::from_micros(through.as_micros() as u64 % 1000);
         assert_eq!(eof_at, tick_start, "the end came at {eof_at:?}");
     }

@@ -8,7 +8,7 @@
 //! meshwire's QUIC paid all of it: the ring sweep's lossy cases dropped 1–2% of meshwire's
 //! datagrams and none of gRPC's bytes, and a batch after idle left at full rate on gRPC while
 //! meshwire's window had to carry it. [`TcpFlow`] adds the sender's rules, per segment of
-//! [`super::SEGMENT_BYTES`], as Linux applies them by default (`net.ipv4.tcp_congestion_control =
+//! [`super::MSS`] stream bytes, as Linux applies them by default (`net.ipv4.tcp_congestion_control =
 //! cubic`, `tcp_slow_start_after_idle = 1`):
 //! - **Window.** At most `cwnd` full segments' worth of bytes are unacknowledged (a short
 //!   segment takes only its share: Linux sends the bytes that wait for the window as full
@@ -36,8 +36,8 @@
 //! Not modelled, each in TCP's favour: HyStart, delayed acknowledgements, ACK clocking, the
 //! queue time and serialization of a retransmission (which is never lost), the window's growth
 //! while the application sends less than it (Linux grows only a window that limits) and CUBIC's
-//! epoch shift after idle. TCP/IP headers are not counted in the link's bytes (the link counts
-//! TCP payload, as it counts UDP payload for QUIC, whose headers are inside it). Against TCP:
+//! epoch shift after idle. (TCP's headers are charged on the link as QUIC's are:
+//! [`super::SEGMENT_HEADER_BYTES`].) Against TCP:
 //! the idle timeout is taken from the path's RTT without its queueing (Linux's smoothed RTT
 //! includes it), so a sender whose RTT had grown with a queue restarts a little sooner here; and
 //! a segment books its link when it leaves by its own connection's clock, so on a direction
@@ -69,7 +69,7 @@ const RTO_FLOOR: Duration = Duration::from_millis(200);
 const MIN_WINDOW: f64 = 2.0;
 
 /// The bytes a full segment carries: the window counts in them.
-const MSS: f64 = super::SEGMENT_BYTES as f64;
+const MSS: f64 = super::MSS as f64;
 
 /// One segment sent and not yet acknowledged (or found lost).
 #[derive(Debug, Clone, Copy)]
@@ -263,7 +263,7 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
-    const SEGMENT: usize = super::super::SEGMENT_BYTES;
+    const SEGMENT: usize = super::super::MSS;
 
     /// Sends `segments` offered at `start` over a link that delivers each one `one_way` after it
     /// leaves and serializes one per `spacing`; returns when each is received. Checks that no
