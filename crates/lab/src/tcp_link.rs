@@ -40,8 +40,8 @@
 //! serialized, waits a further delay drawn uniformly from `[0, jitter]` (seeded per directed link)
 //! and never overtakes a segment before it on that link, so a jittered path delays gRPC's bytes as
 //! it delays meshwire's datagrams (before, the ring sweep's gRPC baselines crossed jittered links
-//! without it and came out below the floor). Only the data direction is jittered: turmoil's TCP
-//! has no ACKs to delay.
+//! without it and came out below the floor). The sender's acknowledgements draw the reverse
+//! link's jitter in [`TcpFlow`] (turmoil's TCP has no acknowledgements of its own to delay).
 //!
 //! TCP's sender rules, which turmoil's TCP lacks too: [`TcpLinks::wrap`] gives each connection's
 //! direction a [`TcpFlow`] ([`flow`], its `# Design`): Linux's default window, slow start,
@@ -286,7 +286,7 @@ impl TcpLinks {
         let seed = crate::lab::derive_seed(self.seed, &format!("tcp flow {peer}->{local}"), index);
         let one_way = |latency: Duration| latency.saturating_sub(self.latency_excess);
         let rtt = one_way(forward.latency) + one_way(back.latency);
-        let flow = TcpFlow::new(rtt, forward.loss, seed);
+        let flow = TcpFlow::new(rtt, forward.loss, seed).with_ack_jitter(back.jitter);
         PacedTcp::new(stream, self.wire(peer, local), self.tick).with_flow(flow)
     }
 

@@ -28,6 +28,11 @@
 //!   acknowledgements of the segments after it. Bytes after it wait for it (TCP delivers in
 //!   order). A lost last segment, which Linux finds by its tail-loss probe two round trips
 //!   later or by its retransmission timeout, is also taken as recovered in one: generous to TCP.
+//! - **Acknowledgements** reach the sender a round trip after the segment was received, plus the
+//!   reverse link's jitter (a uniform draw from `[0, jitter]`, in order), as the lab delays
+//!   meshwire's acknowledgements. Before, they came back at the bare round trip while the data
+//!   direction was jittered, so on a 1 ms path with 10 ms of jitter TCP's window opened with no
+//!   jitter at all while QUIC's waited for it.
 //! - **Restart after idle** (RFC 7661's problem, Linux's `tcp_cwnd_restart`): a sender with
 //!   nothing in flight that sent nothing for a retransmission timeout (here RTT + 200 ms, Linux's
 //!   floor on the RTT variance) halves its window for every timeout of idleness, down to the
@@ -67,6 +72,8 @@ const C: f64 = 0.4;
 const RTO_FLOOR: Duration = Duration::from_millis(200);
 /// The fewest segments a window holds.
 const MIN_WINDOW: f64 = 2.0;
+/// Mixed into a flow's seed for its acknowledgements' jitter draws.
+const ACK_JITTER_SEED: u64 = 0x6a69_7474_6572;
 
 /// The bytes a full segment carries: the window counts in them.
 const MSS: f64 = super::MSS as f64;
@@ -108,6 +115,14 @@ pub struct TcpFlow {
     in_flight: usize,
     /// When the last segment was offered.
     last_sent: Option<Instant>,
+    /// The most extra delay an acknowledgement draws on the reverse link.
+    ack_jitter: Duration,
+    /// The acknowledgements' jitter draws (apart from the losses', so jitter leaves them as
+    /// they were).
+    ack_rng: SmallRng,
+    /// When the latest acknowledgement (or loss) so far reaches the sender: none arrives before
+    /// it, as the reverse link keeps its order.
+    last_known: Option<Instant>,
 }
 
 impl TcpFlow {
@@ -128,7 +143,18 @@ impl TcpFlow {
             unacked: VecDeque::new(),
             in_flight: 0,
             last_sent: None,
+            ack_jitter: Duration::ZERO,
+            ack_rng: SmallRng::seed_from_u64(seed ^ ACK_JITTER_SEED),
+            last_known: None,
         }
+    }
+
+    /// This flow with its acknowledgements delayed by up to `jitter` each on the reverse link,
+    /// drawn uniformly and kept in order, as the lab's links delay every datagram (meshwire's
+    /// acknowledgements included).
+    pub fn with_ack_jitter(mut self, jitter: Duration) -> Self {
+        self.ack_jitter = jitter;
+        self
     }
 
     /// The congestion window, in segments.
@@ -166,7 +192,20 @@ impl TcpFlow {
     /// or to the queue.
     pub fn delivered(&mut self, len: usize, delivered: Instant, dropped: bool) -> Instant {
         let lost = dropped || (self.loss > 0.0 && self.rng.random_bool(self.loss));
-        let known_at = delivered + self.rtt;
+        let jitter = if self.ack_jitter.is_zero() {
+            Duration::ZERO
+        } else {
+            Duration::from_nanos(
+                self.ack_rng
+                    .random_range(0..=self.ack_jitter.as_nanos().min(u128::from(u64::MAX)) as u64),
+            )
+        };
+        let known_at = self
+            .last_known
+            .map_or(delivered + self.rtt + jitter, |last| {
+                last.max(delivered + self.rtt + jitter)
+            });
+        self.last_known = Some(known_at);
         self.unacked.push_back(Unacked {
             known_at,
             lost,
@@ -286,6 +325,26 @@ mod tests {
                 flow.delivered(SEGMENT, busy, false)
             })
             .collect()
+    }
+
+    /// Acknowledgements draw the reverse link's jitter: the segment after the first window
+    /// leaves between one round trip and one round trip plus the jitter after the first segment
+    /// was received, and later than the bare round trip for some draws.
+    #[test]
+    fn acknowledgements_draw_the_reverse_links_jitter() {
+        let start = Instant::now();
+        let (rtt, jitter) = (20 * MS, 10 * MS);
+        let mut delayed = 0;
+        for seed in 0..20 {
+            let mut flow = TcpFlow::new(rtt, 0.0, seed).with_ack_jitter(jitter);
+            let received = run(&mut flow, start, 11, 10 * MS, Duration::ZERO);
+            let waited = received[10] - received[0];
+            assert!(waited >= rtt && waited <= rtt + jitter, "{waited:?}");
+            if waited > rtt + MS {
+                delayed += 1;
+            }
+        }
+        assert!(delayed > 0, "no draw delayed an acknowledgement");
     }
 
     /// On a lossless 50 ms path with room for 1000 segments in flight, 150 segments take four
