@@ -42,7 +42,7 @@ fuzz_target!(|data: &[u8]| {
         loop {
             let announced = decoder.next_record_len(&buffer);
             if let Some(len) = announced {
-                assert!(len <= batch::CHUNK_PREFIX_LEN + 256, "announced {len} bytes");
+                assert!(len <= batch::MAX_CHUNK_PREFIX_LEN + 256, "announced {len} bytes");
             }
             match decoder.poll(&mut buffer) {
                 Ok(Some(BatchEvent::Header(h))) => header = Some(h),
@@ -50,7 +50,10 @@ fuzz_target!(|data: &[u8]| {
                     assert!(!chunk.data.is_empty() && chunk.data.len() <= 256);
                     assert_eq!(
                         announced,
-                        Some(batch::CHUNK_PREFIX_LEN + chunk.data.len()),
+                        Some(
+                            batch::chunk_prefix_len(chunk.slots, chunk.data.len() as u32)
+                                + chunk.data.len()
+                        ),
                         "next_record_len disagrees with the chunk decoded"
                     );
                     chunks.push(chunk);

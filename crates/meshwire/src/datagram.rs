@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use meshwire_proto::batch::repair::RepairShard;
+use meshwire_proto::varint;
 use meshwire_proto::wire::ProtocolId;
 use meshwire_proto::PeerId;
 use quinn::{Connection, SendDatagramError};
@@ -22,8 +23,6 @@ use tokio::sync::mpsc;
 
 use crate::node::{Registry, SubscribeError};
 
-/// The longest protocol tag: a `u32` takes at most five varint bytes.
-const MAX_TAG_BYTES: usize = 5;
 /// Recovery shards held for batch streams not read yet, over all connections. Shards usually
 /// overtake their stream: QUIC sends datagrams ahead of queued stream data.
 const EARLY_SHARDS: usize = 1024;
@@ -226,32 +225,19 @@ impl DatagramInbox {
 
 /// Appends `protocol` as a LEB128 varint.
 fn encode_tag(protocol: ProtocolId, out: &mut BytesMut) {
-    let mut value = protocol.0;
-    while value >= 0x80 {
-        out.put_u8((value as u8 & 0x7f) | 0x80);
-        value >>= 7;
-    }
-    out.put_u8(value as u8);
+    varint::put(out, protocol.0.into());
 }
 
-/// The protocol at the start of `datagram` and the tag's length; `None` if the tag is truncated
-/// or overlong.
+/// The protocol at the start of `datagram` and the tag's length; `None` if the tag is truncated,
+/// overlong or past a `u32` (a padded tag is accepted).
 fn decode_tag(datagram: &[u8]) -> Option<(ProtocolId, usize)> {
-    let mut value: u64 = 0;
-    for (index, byte) in datagram.iter().take(MAX_TAG_BYTES).enumerate() {
-        value |= u64::from(byte & 0x7f) << (7 * index);
-        if byte & 0x80 == 0 {
-            return u32::try_from(value)
-                .ok()
-                .map(|id| (ProtocolId(id), index + 1));
-        }
-    }
-    None
+    let mut rest = datagram;
+    let id = varint::get_u32(&mut rest).ok()?;
+    Some((ProtocolId(id), datagram.len() - rest.len()))
 }
 
 fn tag_len(protocol: ProtocolId) -> usize {
-    let bits = 32 - protocol.0.leading_zeros() as usize;
-    bits.div_ceil(7).max(1)
+    varint::encoded_len(protocol.0.into())
 }
 
 /// Queues `payload` on `protocol` on `connection` if its datagram buffer has room.
@@ -349,5 +335,7 @@ mod tests {
         assert_eq!(decode_tag(&[0xff, 0xff, 0xff, 0xff, 0xff, 0x01]), None);
         // Five bytes whose value needs more than 32 bits.
         assert_eq!(decode_tag(&[0xff, 0xff, 0xff, 0xff, 0x7f]), None);
+        // A padded tag is read as what it says.
+        assert_eq!(decode_tag(&[0xc0, 0x00, 1]), Some((ProtocolId(0x40), 2)));
     }
 }

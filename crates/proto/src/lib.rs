@@ -10,6 +10,7 @@ pub mod hash;
 pub mod peer_id;
 #[cfg(any(test, feature = "testnet"))]
 pub mod testnet;
+pub mod varint;
 pub mod wire;
 
 pub use peer_id::PeerId;

@@ -1,7 +1,8 @@
 //! Encode and decode the session's datagrams: data segments, selective ACKs and path probes.
 //!
 //! Fixed-width integers are little-endian; `v` marks an unsigned LEB128 varint (7 bits per byte,
-//! low group first, at most 10 bytes). The first byte is the packet type.
+//! low group first, at most 10 bytes; [`meshwire_proto::varint`]). The first byte is the packet
+//! type.
 //!
 //! | type      | layout after the type byte                                                       |
 //! |-----------|-----------------------------------------------------------------------------------|
@@ -25,6 +26,7 @@
 //! checks every field before it allocates and never panics.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use meshwire_proto::varint::{self, VarintError};
 
 /// Type byte of a data segment.
 const TYPE_DATA: u8 = 1;
@@ -41,7 +43,7 @@ pub const DATA_HEADER_LEN: usize = 18;
 /// Bytes of the shortest ACK: type, flags, count, and one-byte cumulative and window varints.
 const ACK_MIN_LEN: usize = 5;
 /// Most bytes of one varint (a `u64` in 7-bit groups).
-const MAX_VARINT_LEN: usize = 10;
+const MAX_VARINT_LEN: usize = varint::MAX_LEN_U64;
 /// Most ranges one ACK carries.
 pub const MAX_ACK_RANGES: usize = 32;
 
@@ -92,36 +94,18 @@ pub enum CodecError {
 }
 
 /// Appends `value` as an unsigned LEB128 varint.
-fn put_varint(out: &mut BytesMut, mut value: u64) {
-    while value >= 0x80 {
-        out.put_u8((value as u8 & 0x7f) | 0x80);
-        value >>= 7;
-    }
-    out.put_u8(value as u8);
+fn put_varint(out: &mut BytesMut, value: u64) {
+    varint::put(out, value);
 }
 
-/// Reads an unsigned LEB128 varint from the front of `body`.
+/// Reads an unsigned LEB128 varint from the front of `body`, a datagram of `len` bytes: padded
+/// encodings are accepted, more than [`MAX_VARINT_LEN`] bytes or a value past a `u64` is
+/// [`CodecError::BadVarint`], a datagram that ends inside the varint [`CodecError::Truncated`].
 fn get_varint(body: &mut &[u8], len: usize) -> Result<u64, CodecError> {
-    let mut value = 0u64;
-    for index in 0..MAX_VARINT_LEN {
-        let Some((&byte, rest)) = body.split_first() else {
-            return Err(CodecError::Truncated { len });
-        };
-        *body = rest;
-        let group = u64::from(byte & 0x7f);
-        let shift = 7 * index as u32;
-        if group
-            .checked_shl(shift)
-            .is_none_or(|shifted| shifted >> shift != group)
-        {
-            return Err(CodecError::BadVarint);
-        }
-        value |= group << shift;
-        if byte & 0x80 == 0 {
-            return Ok(value);
-        }
-    }
-    Err(CodecError::BadVarint)
+    varint::get_u64(body).map_err(|error| match error {
+        VarintError::Truncated => CodecError::Truncated { len },
+        _ => CodecError::BadVarint,
+    })
 }
 
 /// One segment of the byte stream in one transmission.
@@ -410,6 +394,16 @@ mod tests {
         assert_eq!(
             Packet::decode(Bytes::from(wide), 10),
             Err(CodecError::BadVarint)
+        );
+        // A padded varint (1 in two bytes) is read as what it says, as before the shared reader.
+        assert_eq!(
+            Packet::decode(Bytes::from_static(&[2, 0, 0, 0x81, 0x00, 1]), 10),
+            Ok(Packet::Ack(AckPacket {
+                echo: None,
+                cumulative: 1,
+                window_end: 2,
+                ranges: vec![],
+            }))
         );
         // cumulative u64::MAX, window + 1.
         let mut window = vec![2, 0, 0];
