@@ -104,9 +104,6 @@ fn charged_bytes(len: usize) -> usize {
 pub struct Serializer {
     /// The link's rate.
     rate: Rate,
-    /// Bits per second, `None` for unlimited (a packet rate counts 1500 bytes per packet; used for
-    /// the queue's bytes).
-    bits_per_sec: Option<u64>,
     /// When the link finishes the last segment admitted so far.
     busy_until: Option<Instant>,
     /// The most extra delay a segment draws after its serialization.
@@ -124,7 +121,6 @@ impl Serializer {
     pub fn new(rate: Rate) -> Self {
         Self {
             rate,
-            bits_per_sec: rate.bit_rate(),
             busy_until: None,
             jitter: Duration::ZERO,
             rng: SmallRng::seed_from_u64(0),
@@ -149,7 +145,7 @@ impl Serializer {
 
     /// Whether the link has no rate limit and no jitter (then nothing needs holding back).
     pub fn is_unlimited(&self) -> bool {
-        self.bits_per_sec.is_none() && self.jitter.is_zero()
+        matches!(self.rate, Rate::Unlimited) && self.jitter.is_zero()
     }
 
     /// Time to serialize a segment of `len` stream bytes (charged [`charged_bytes`]), rounded up
@@ -182,8 +178,9 @@ impl Serializer {
     /// it is through ([`Self::admit_segment`]), or, when the bytes still waiting to be serialized
     /// leave no room for it, `Err` with when it would have been through, and the link unchanged.
     pub fn offer_segment(&mut self, now: Instant, len: usize) -> Result<Instant, Instant> {
+        // The queue holds bytes: a packet rate counts 1500 of them per packet here.
         if let (Some(queue_bytes), Some(bits), Some(busy)) =
-            (self.queue_bytes, self.bits_per_sec, self.busy_until)
+            (self.queue_bytes, self.rate.bit_rate(), self.busy_until)
         {
             let waiting = busy.saturating_duration_since(now);
             let queued = u128::from(bits) * waiting.as_nanos() / 8 / 1_000_000_000;

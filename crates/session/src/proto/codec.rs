@@ -93,11 +93,6 @@ pub enum CodecError {
     BadVarint,
 }
 
-/// Appends `value` as an unsigned LEB128 varint.
-fn put_varint(out: &mut BytesMut, value: u64) {
-    varint::put(out, value);
-}
-
 /// Reads an unsigned LEB128 varint from the front of `body`, a datagram of `len` bytes: padded
 /// encodings are accepted, more than [`MAX_VARINT_LEN`] bytes or a value past a `u64` is
 /// [`CodecError::BadVarint`], a datagram that ends inside the varint [`CodecError::Truncated`].
@@ -175,16 +170,16 @@ impl Packet {
                 out.put_u8(u8::from(ack.echo.is_some()));
                 out.put_u8(ranges.len() as u8);
                 if let Some(echo) = ack.echo {
-                    put_varint(&mut out, echo);
+                    varint::put(&mut out, echo);
                 }
-                put_varint(&mut out, ack.cumulative);
-                put_varint(&mut out, ack.window_end.saturating_sub(ack.cumulative));
+                varint::put(&mut out, ack.cumulative);
+                varint::put(&mut out, ack.window_end.saturating_sub(ack.cumulative));
                 // Valid ranges (ascending, disjoint, above `cumulative`) encode exactly; the
                 // saturation only keeps an invalid one from panicking.
                 let mut floor = ack.cumulative;
                 for &(start, end) in ranges {
-                    put_varint(&mut out, start.saturating_sub(floor).saturating_sub(1));
-                    put_varint(&mut out, end.saturating_sub(start).saturating_sub(1));
+                    varint::put(&mut out, start.saturating_sub(floor).saturating_sub(1));
+                    varint::put(&mut out, end.saturating_sub(start).saturating_sub(1));
                     floor = end;
                 }
                 out.freeze()
