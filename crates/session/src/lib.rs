@@ -55,7 +55,10 @@
 //!   unsent segments over the measured paths (the smallest `T` with Σ rateᵢ · max(0, T − arrivalᵢ)
 //!   ≥ unsent), so near the end of the data a slow path is left idle. Loss is detected
 //!   from ACKs (3 later packets on the same path acknowledged, or 9/8 RTT older than an
-//!   acknowledged one) and retransmitted where it is expected first, each path's loss estimate
+//!   acknowledged one; an echo of a packet already acknowledged through another path's ranges
+//!   counts as such an acknowledgement) and retransmitted where it is expected first (the queue
+//!   dealt out in order, a busy path's share pushed back by one packet's time per retransmission
+//!   already dealt to it, so a path free now takes what it delivers sooner), each path's loss estimate
 //!   (ACK evidence, a moving average over about 64 packets) counting against it; once no new data is
 //!   left, idle paths carry copies of the unacknowledged segments most likely lost (tail copies, at
 //!   most 3 transmissions of a segment in flight); while the receive window holds new data back,

@@ -425,6 +425,54 @@ fn an_ack_that_leaves_ranges_out_is_no_evidence_of_loss_above_the_gap() {
     assert_eq!(sender.stats().fast_retransmits, 16);
 }
 
+/// The echo of a packet already acknowledged through ranges left out of evidence (above the gap
+/// of a full ACK) is evidence after all: it names the packet, so the path's packets three or more
+/// before it are lost by count at once, not at their RTO.
+#[test]
+fn an_echo_of_a_packet_acknowledged_above_the_gap_detects_the_losses_before_it() {
+    let start = Instant::now();
+    let mut sender = Sender::new(SessionConfig::new(Policy::Meshwire));
+    sender.add_path(PathId(0), None);
+    assert_eq!(sender.write(&[7u8; 100 * 1024]), 100 * 1024);
+    let mut sent = Vec::new();
+    while let Some(transmit) = sender.poll_transmit(start) {
+        if let Ok(Packet::Data(data)) = Packet::decode(transmit.payload, 1024) {
+            sent.push((data.seq, data.packet_number));
+        }
+    }
+    let received: Vec<(u64, u64)> = (0..50).map(|k| (2 * k + 1, 2 * k + 2)).collect();
+    let ranges: Vec<(u64, u64)> = received[..16]
+        .iter()
+        .chain(&received[34..])
+        .copied()
+        .collect();
+    let full = super::codec::AckPacket {
+        echo: None,
+        cumulative: 0,
+        window_end: 1 << 20,
+        ranges,
+    };
+    sender
+        .handle_ack(PathId(0), full, start + Duration::from_millis(50))
+        .unwrap();
+    assert_eq!(sender.stats().fast_retransmits, 16);
+    // Segment 99 was credited by a range above the gap; now its own echo comes back.
+    let echo = sent.iter().find(|&&(seq, _)| seq == 99).map(|&(_, pn)| pn);
+    let echoed = super::codec::AckPacket {
+        echo,
+        cumulative: 0,
+        window_end: 1 << 20,
+        ranges: Vec::new(),
+    };
+    sender
+        .handle_ack(PathId(0), echoed, start + Duration::from_millis(60))
+        .unwrap();
+    // Every packet still in flight three or more before 99 on the path joins the 16 found
+    // before: the even segments 32 to 96 (33), and the odd ones 33 to 67 (18) whose arrival the
+    // full ACK left out; the sender cannot tell those from losses, as at its next ACK before.
+    assert_eq!(sender.stats().fast_retransmits, 16 + 33 + 18);
+}
+
 /// A segment declared lost too early and sent again on another path arrives through its first
 /// copy. The ACK that covers it (by its ranges, not its echo) must not credit the copy still in
 /// flight: that copy has not arrived, and taking it as arrived would declare the packets sent
