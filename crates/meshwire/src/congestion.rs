@@ -75,12 +75,19 @@
 //! with `claim_window`) can claim them on the connection ([`crate::Node::datagram_allowance`],
 //! [`DatagramAllowance`]): the window is then at least the sum of the live claims, within the
 //! configured bandwidth over the path's minimum RTT (nothing before an RTT is measured), so that
-//! quinn's slow start and loss backoff do not hold back what that sender's own window lets out.
-//! Such a sender then governs its own congestion response. The raised window is the whole
-//! connection's: other streams to that peer share it while the claim lasts. A claim is local (no
-//! peer makes one directly; the session's window follows the rate its peer's echoes show, so a
-//! peer can at most push a claim to the cap) and is withdrawn when dropped. `metrics()` still
-//! reports CUBIC's own window.
+//! quinn's slow start and random-loss backoff do not hold back what that sender's own window lets
+//! out. Claims last until the first congestion verdict the loss filter makes once it knows the
+//! path's loss floor (a sample whose losses more rate did not buy); from then on, for the
+//! connection's life, CUBIC (fed only congestion, as above) governs the connection again, as the
+//! end of slow start does. The session's window (1.25 × delivery rate × minimum RTT) has no loss
+//! response of its own, and beside a CUBIC flow behind a quarter-BDP queue a claim kept for good
+//! took 1.989 of an equal share (`scenarios/fairness.toml`); ending at any congestion verdict,
+//! also those made before the floor is known, read a 10%-loss relay's random loss as congestion
+//! and dropped `session-quic`'s `losses-0.01+0.1-claims` from 0.977 to 0.604 of its floor. The
+//! raised window is the whole connection's: other streams to that peer share it while the claim
+//! lasts. A claim is local (no peer makes one directly; the session's window follows the rate its
+//! peer's echoes show, so a peer can at most push a claim to the cap) and is withdrawn when
+//! dropped. `metrics()` still reports CUBIC's own window.
 //!
 //! Limits: a drop-tail queue too shallow to show in the RTT (a twentieth of a bandwidth-delay
 //! product) that loses under [`LOSS_RATE_CEILING`] looks like random loss, so beside CUBIC there
@@ -318,6 +325,7 @@ impl ControllerFactory for MeshwireConfig {
             slot: self.slot.clone(),
             allowance: self.allowance.clone(),
             allowance_cap: 0,
+            claims_ended: false,
         })
     }
 }
@@ -336,6 +344,9 @@ pub struct Meshwire {
     /// The most of the allowance the window takes: the bandwidth over the minimum RTT (0 before
     /// an RTT is measured).
     allowance_cap: u64,
+    /// Set at the first congestion verdict made once the loss floor is known: claims no longer
+    /// lift the window, for the connection's life.
+    claims_ended: bool,
 }
 
 impl std::fmt::Debug for Meshwire {
@@ -355,8 +366,12 @@ impl Meshwire {
             .is_some_and(|ssthresh| self.inner.window() < ssthresh)
     }
 
-    /// What senders claimed of this connection's window, within the cap.
+    /// What senders claimed of this connection's window, within the cap; nothing once claims
+    /// have ended.
     fn claimed(&self) -> u64 {
+        if self.claims_ended {
+            return 0;
+        }
         self.allowance
             .as_ref()
             .map_or(0, |cell| cell.bytes().min(self.allowance_cap))
@@ -460,6 +475,9 @@ impl Controller for Meshwire {
             .filter
             .on_loss(sent, lost_bytes, is_persistent_congestion)
         {
+            // Claims end at a congestion verdict the filter makes knowing the path's loss
+            // floor; before it, random loss on a lossy path reads as congestion.
+            self.claims_ended |= self.filter.calibrated();
             // A congestion signal before a resumed window is validated: retreat to half of what
             // the path delivered since the jump, then let CUBIC react as to any congestion.
             if let Some(window) = self.resume.as_mut().and_then(CarefulResume::on_congestion) {
@@ -495,6 +513,7 @@ impl Controller for Meshwire {
             slot: self.slot.clone(),
             allowance: self.allowance.clone(),
             allowance_cap: self.allowance_cap,
+            claims_ended: self.claims_ended,
         })
     }
 
@@ -555,6 +574,42 @@ mod tests {
         assert_eq!(controller.window(), 50_000.max(initial));
         drop(claim);
         assert_eq!(controller.window(), initial);
+    }
+
+    /// A claim holds through congestion verdicts made before the path's loss floor is known
+    /// (on a lossy path those are random loss), and ends for good at the first one after.
+    #[test]
+    fn claims_end_at_the_first_congestion_verdict_once_the_loss_floor_is_known() {
+        let start = Instant::now();
+        let cell = AllowanceCell::default();
+        let config = MeshwireConfig::new(100_000_000, None).with_allowance(cell.clone());
+        let mut controller = Arc::new(config)
+            .build(start, 1200)
+            .into_any()
+            .downcast::<Meshwire>()
+            .expect("a meshwire controller");
+        let mut claim = DatagramAllowance::new(cell.clone());
+        claim.set(1_000_000);
+        let path = MS * 10;
+        controller.on_measured_rtt(start + path, 1200, Some((path, path)));
+        assert_eq!(controller.window(), 125_000);
+        assert!(!controller.filter.calibrated());
+        controller.on_congestion_event(start + path, start, true, 1200);
+        assert_eq!(controller.window(), 125_000, "no loss floor yet");
+        for round in 2..=40u32 {
+            controller.on_sent(start, 100_000, u64::from(round));
+            controller.on_measured_rtt(start + path * round, 100_000, Some((path, path)));
+        }
+        assert!(controller.filter.calibrated());
+        assert_eq!(controller.window(), 125_000);
+        controller.on_congestion_event(start + path * 40, start + path * 39, true, 1200);
+        assert!(controller.window() < 125_000);
+        claim.set(1_000_000);
+        assert_eq!(
+            controller.window(),
+            controller.inner.window(),
+            "ended for good"
+        );
     }
 
     /// quinn's initial RTT guess, which it hands to the first `on_ack` calls before it has a

@@ -13,9 +13,9 @@
 //! The session's own windows govern what is in flight: every datagram the session hands to quinn
 //! is either queued or refused ([`meshwire::DatagramError::BufferFull`]), and a refused one is handed
 //! back to the session as a send error (meshwire's policy resends it, preferably on another path).
-//! quinn's congestion window sits underneath unless the session claims its windows on its
-//! connections ([`SessionSettings::claim_window`], off by default; see the crate's `# Design`),
-//! which lifts that window to the session's, once an RTT is measured and within a cap.
+//! The session claims its windows on its connections ([`SessionSettings::claim_window`], on by
+//! default; see the crate's `# Design`), which lifts quinn's congestion window to the session's,
+//! once an RTT is measured, within a cap, and until the connection's controller sees congestion.
 //!
 //! Relays: a node forwards only (session, path) pairs it agreed to in a [`RelayRequest`], only
 //! between the two ends named there, only to a peer it is already connected to, one datagram out
@@ -116,9 +116,10 @@ pub struct SessionSettings {
     /// configured bandwidth over the path's minimum RTT, does not hold back what the session's
     /// window lets out: the session's window policy then governs its datagrams. The claim
     /// raises the window of the whole connection, so other traffic to that peer shares it
-    /// meanwhile. Off by default: the session's policy does not back off on loss, and beside a
-    /// CUBIC flow behind a quarter-BDP queue it took nearly all of the bottleneck
-    /// (`scenarios/fairness.toml`); see the crate's `# Design`.
+    /// meanwhile. meshwire's controller stops honouring claims at the connection's first
+    /// congestion verdict made once it knows the path's loss floor, since the session's policy
+    /// does not back off on loss; see the crate's `# Design`. On by default; off, quinn's
+    /// window (slow start, CUBIC) sits under the session's.
     pub claim_window: bool,
 }
 
@@ -135,7 +136,7 @@ impl Default for SessionSettings {
             accept_queue: 16,
             relay: RelayLimits::default(),
             linger: Duration::from_secs(10),
-            claim_window: false,
+            claim_window: true,
         }
     }
 }

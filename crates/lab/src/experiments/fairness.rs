@@ -18,8 +18,8 @@
 //!
 //! With `session_1`, flow 1 is a multipath session instead (`meshwire_session::net`, meshwire's
 //! window policy, one direct path to `c`, writing 1 MiB buffers without pause); `c` reads it and
-//! logs each 1 MiB read as a completion of flow 1. `claim_window_1` makes the session claim its
-//! window on its connection (`SessionSettings::claim_window`).
+//! logs each 1 MiB read as a completion of flow 1. `claim_window_1` says whether the session
+//! claims its window on its connection (`SessionSettings::claim_window`, on by default as there).
 //!
 //! This is its own kind rather than a `calibration` workload: it has three hosts instead of
 //! calibration's `a` and `b`, a downlink, and runs in virtual time only (the downlink is not
@@ -99,7 +99,7 @@ pub struct Params {
     /// `congestion_1`.
     pub session_1: bool,
     /// With `session_1`: whether the session claims its window on its connection
-    /// (`SessionSettings::claim_window`).
+    /// (`SessionSettings::claim_window`, on by default as there).
     pub claim_window_1: bool,
 }
 
@@ -115,7 +115,7 @@ impl Default for Params {
             stagger_ms: 0,
             warmup_ms: 5000,
             session_1: false,
-            claim_window_1: false,
+            claim_window_1: SessionSettings::default().claim_window,
         }
     }
 }

@@ -411,9 +411,13 @@ pub struct Params {
     #[serde(default = "outage_end_default")]
     pub outage_end_ms: u64,
     /// Whether the sessions claim their windows on their connections
-    /// (`SessionSettings::claim_window`, off by default as there).
-    #[serde(default)]
+    /// (`SessionSettings::claim_window`, on by default as there).
+    #[serde(default = "claim_window_default")]
     pub claim_window: bool,
+}
+
+fn claim_window_default() -> bool {
+    SessionSettings::default().claim_window
 }
 
 fn mib_default() -> u64 {

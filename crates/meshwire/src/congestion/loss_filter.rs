@@ -382,6 +382,11 @@ impl LossFilter {
             && lost as f64 > expected + LOSS_NOISE_DEVIATIONS * expected.sqrt()
     }
 
+    /// Whether a loss floor has been measured (a sample whose losses more rate did not buy).
+    pub fn calibrated(&self) -> bool {
+        self.loss_floor.iter().any(Option::is_some)
+    }
+
     /// Whether any congestion has been seen on this connection.
     pub fn congested(&self) -> bool {
         self.congested
