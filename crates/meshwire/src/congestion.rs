@@ -550,20 +550,26 @@ mod tests {
         assert_eq!(cell.bytes(), 0);
     }
 
+    /// A meshwire controller at 100 Mbit/s (125 kB over a 10 ms minimum RTT) built at `start`,
+    /// and the cell its claims are made on.
+    fn claimable(start: Instant) -> (Box<Meshwire>, AllowanceCell) {
+        let cell = AllowanceCell::default();
+        let config = MeshwireConfig::new(100_000_000, None).with_allowance(cell.clone());
+        let controller = Arc::new(config)
+            .build(start, 1200)
+            .into_any()
+            .downcast::<Meshwire>()
+            .expect("a meshwire controller");
+        (controller, cell)
+    }
+
     /// A claim raises the window to what it claims, never above the configured bandwidth over
     /// the path's minimum RTT (nothing before an RTT is measured), and dropping it gives the
     /// window back to CUBIC.
     #[test]
     fn a_claimed_window_is_honoured_within_the_bandwidth_delay_cap() {
         let start = Instant::now();
-        let cell = AllowanceCell::default();
-        // 100 Mbit/s: 125 kB over a 10 ms minimum RTT.
-        let config = MeshwireConfig::new(100_000_000, None).with_allowance(cell.clone());
-        let mut controller = Arc::new(config)
-            .build(start, 1200)
-            .into_any()
-            .downcast::<Meshwire>()
-            .expect("a meshwire controller");
+        let (mut controller, cell) = claimable(start);
         let initial = controller.inner.window();
         let mut claim = DatagramAllowance::new(cell.clone());
         claim.set(1_000_000);
@@ -581,13 +587,7 @@ mod tests {
     #[test]
     fn claims_end_at_the_first_congestion_verdict_once_the_loss_floor_is_known() {
         let start = Instant::now();
-        let cell = AllowanceCell::default();
-        let config = MeshwireConfig::new(100_000_000, None).with_allowance(cell.clone());
-        let mut controller = Arc::new(config)
-            .build(start, 1200)
-            .into_any()
-            .downcast::<Meshwire>()
-            .expect("a meshwire controller");
+        let (mut controller, cell) = claimable(start);
         let mut claim = DatagramAllowance::new(cell.clone());
         claim.set(1_000_000);
         let path = MS * 10;

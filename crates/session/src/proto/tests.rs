@@ -392,6 +392,17 @@ mod lifecycle {
 /// no room to say so).
 #[test]
 fn an_ack_that_leaves_ranges_out_is_no_evidence_of_loss_above_the_gap() {
+    let (sender, _) = one_burst_and_a_full_ack();
+    // Lost by evidence: only the even segments below the highest one reported before the gap
+    // (31; with no RTT measured yet the time rule takes 30 too), never one in the gap or above.
+    assert_eq!(sender.stats().fast_retransmits, 16);
+}
+
+/// A sender that put 100 segments in one burst on path 0 at `start` (returned with each
+/// segment's packet number) and got, 50 ms later, the ACK of a receiver that holds the odd
+/// segments only: 50 ranges, of which it reports the lowest 16 and the highest 16 (see
+/// `Receiver::ack`).
+fn one_burst_and_a_full_ack() -> (Sender, Vec<(u64, u64)>) {
     let start = Instant::now();
     let mut sender = Sender::new(SessionConfig::new(Policy::Meshwire));
     sender.add_path(PathId(0), None);
@@ -403,8 +414,6 @@ fn an_ack_that_leaves_ranges_out_is_no_evidence_of_loss_above_the_gap() {
         }
     }
     assert_eq!(sent.len(), 100, "the first burst carries every segment");
-    // Odd segments arrived, even ones did not: 50 ranges, of which the receiver reports the
-    // lowest 16 and the highest 16 (see `Receiver::ack`).
     let received: Vec<(u64, u64)> = (0..50).map(|k| (2 * k + 1, 2 * k + 2)).collect();
     let ranges: Vec<(u64, u64)> = received[..16]
         .iter()
@@ -420,9 +429,7 @@ fn an_ack_that_leaves_ranges_out_is_no_evidence_of_loss_above_the_gap() {
     sender
         .handle_ack(PathId(0), ack, start + Duration::from_millis(50))
         .unwrap();
-    // Lost by evidence: only the even segments below the highest one reported before the gap
-    // (31; with no RTT measured yet the time rule takes 30 too), never one in the gap or above.
-    assert_eq!(sender.stats().fast_retransmits, 16);
+    (sender, sent)
 }
 
 /// The echo of a packet already acknowledged through ranges left out of evidence (above the gap
@@ -430,33 +437,10 @@ fn an_ack_that_leaves_ranges_out_is_no_evidence_of_loss_above_the_gap() {
 /// before it are lost by count at once, not at their RTO.
 #[test]
 fn an_echo_of_a_packet_acknowledged_above_the_gap_detects_the_losses_before_it() {
-    let start = Instant::now();
-    let mut sender = Sender::new(SessionConfig::new(Policy::Meshwire));
-    sender.add_path(PathId(0), None);
-    assert_eq!(sender.write(&[7u8; 100 * 1024]), 100 * 1024);
-    let mut sent = Vec::new();
-    while let Some(transmit) = sender.poll_transmit(start) {
-        if let Ok(Packet::Data(data)) = Packet::decode(transmit.payload, 1024) {
-            sent.push((data.seq, data.packet_number));
-        }
-    }
-    let received: Vec<(u64, u64)> = (0..50).map(|k| (2 * k + 1, 2 * k + 2)).collect();
-    let ranges: Vec<(u64, u64)> = received[..16]
-        .iter()
-        .chain(&received[34..])
-        .copied()
-        .collect();
-    let full = super::codec::AckPacket {
-        echo: None,
-        cumulative: 0,
-        window_end: 1 << 20,
-        ranges,
-    };
-    sender
-        .handle_ack(PathId(0), full, start + Duration::from_millis(50))
-        .unwrap();
+    let (mut sender, sent) = one_burst_and_a_full_ack();
     assert_eq!(sender.stats().fast_retransmits, 16);
-    // Segment 99 was credited by a range above the gap; now its own echo comes back.
+    // Segment 99 was credited by a range above the gap; now its own echo comes back, 60 ms
+    // after the burst left.
     let echo = sent.iter().find(|&&(seq, _)| seq == 99).map(|&(_, pn)| pn);
     let echoed = super::codec::AckPacket {
         echo,
@@ -464,9 +448,8 @@ fn an_echo_of_a_packet_acknowledged_above_the_gap_detects_the_losses_before_it()
         window_end: 1 << 20,
         ranges: Vec::new(),
     };
-    sender
-        .handle_ack(PathId(0), echoed, start + Duration::from_millis(60))
-        .unwrap();
+    let at = Instant::now() + Duration::from_millis(60);
+    sender.handle_ack(PathId(0), echoed, at).unwrap();
     // Every packet still in flight three or more before 99 on the path joins the 16 found
     // before: the even segments 32 to 96 (33), and the odd ones 33 to 67 (18) whose arrival the
     // full ACK left out; the sender cannot tell those from losses, as at its next ACK before.
