@@ -360,8 +360,11 @@
 //!   `meshwire lab run scenarios/session-quic.toml` (seed 1): one direct path 0.997 (0.976),
 //!   direct + relay 0.995 (0.953), 1%-loss direct 0.997 (0.975), 1% + 10%-loss relay 0.977
 //!   (0.909), direct + 3 relays 0.916 (0.800), the same as byte-rate links 0.955 (0.880), but
-//!   direct + a 128 packets/s, 500 ms relay 0.838 (0.943): the first burst of 128 packets enters
-//!   that relay link at once (a second of queue) where quinn's initial window used to pace it.
+//!   direct + a 128 packets/s, 500 ms relay 0.838 (0.943): on that relay path the delivery-rate
+//!   estimate read 216–311 packets/s (a windowed maximum of samples whose echoes came back
+//!   bunched), so its window reached 391 packets (1.25 × rate × the 1 s minimum RTT), the
+//!   smoothed RTT 2–2.6 s, and the queue overflowed (153 retransmissions); without claims
+//!   quinn's window sat under that estimate.
 //!   The session sweep (`scenarios/sweeps/session.toml`, meshwire only, seeds 1–8, 96 cases),
 //!   transfer time over the latency-aware ideal, median / p90 / max: 2.001 / 4.409 / 13.838 →
 //!   1.405 / 2.727 / 4.698 (69 cases better by more than 5%, 16 worse). `scenarios/fairness.toml`,
