@@ -193,31 +193,39 @@ impl Meshwire {
         paths: &[(PathId, Instant)],
         now: Instant,
     ) -> Option<(u64, PathId)> {
-        let mut dealt: BTreeMap<PathId, u32> = BTreeMap::new();
-        for (&seq, &avoid) in core.retransmit.iter().take(RETRANSMIT_SCAN) {
-            let (id, _) = paths.iter().copied().min_by_key(|&(id, arrival)| {
-                let behind = dealt.get(&id).copied().unwrap_or(0);
+        // What each path's choice depends on, looked up once: expected arrival, one packet's
+        // time there, its smoothed RTT, the share of a recovery its loss rate costs, and whether
+        // its writer is free now.
+        let paths: Vec<(PathId, Instant, Duration, Duration, Duration, bool)> = paths
+            .iter()
+            .map(|&(id, arrival)| {
                 let service = self
                     .estimates
                     .get(&id)
                     .map_or(Duration::ZERO, Estimate::service);
-                let arrival = arrival + service * behind;
-                let rtt = core
-                    .paths
-                    .get(&id)
+                let path = core.paths.get(&id);
+                let rtt = path
                     .and_then(|path| path.rtt.smoothed())
                     .unwrap_or_default();
                 let again = rtt.mul_f64(2.0 * self.loss_rate(id));
-                if Some(id) == avoid {
-                    arrival + rtt + again
-                } else {
-                    arrival + again
-                }
-            })?;
-            let free = core
-                .paths
-                .get(&id)
-                .is_some_and(|path| !path.is_blocked(now));
+                let free = path.is_some_and(|path| !path.is_blocked(now));
+                (id, arrival, service, rtt, again, free)
+            })
+            .collect();
+        let mut dealt: BTreeMap<PathId, u32> = BTreeMap::new();
+        for (&seq, &avoid) in core.retransmit.iter().take(RETRANSMIT_SCAN) {
+            let &(id, .., free) =
+                paths
+                    .iter()
+                    .min_by_key(|&&(id, arrival, service, rtt, again, _)| {
+                        let behind = dealt.get(&id).copied().unwrap_or(0);
+                        let arrival = arrival + service * behind + again;
+                        if Some(id) == avoid {
+                            arrival + rtt
+                        } else {
+                            arrival
+                        }
+                    })?;
             if free && !dealt.contains_key(&id) {
                 return Some((seq, id));
             }
@@ -521,7 +529,6 @@ impl WindowPolicy for Meshwire {
         if let Some(transmit) = self.poll_probe(core, now) {
             return Some(transmit);
         }
-        let candidates = self.usable_paths(core, now, false);
         if !core.retransmit.is_empty() {
             let paths = self.usable_paths(core, now, true);
             if paths.is_empty() {
@@ -533,6 +540,7 @@ impl WindowPolicy for Meshwire {
                 return self.send(core, id, Some(seq), now);
             }
         }
+        let candidates = self.usable_paths(core, now, false);
         if !core.has_new_data() {
             // Only at the end of the stream: a writer that is merely slow will fill the paths.
             if core.is_finishing() {
