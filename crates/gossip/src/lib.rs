@@ -49,8 +49,16 @@
 //! eager advert of something it already held answers with a prune and leaves the set. In a full
 //! mesh the eager sets empty after each upstream's first artifact, and each node then receives
 //! each relayed artifact once as a payload plus `lazy_fanout` ihaves; elsewhere the tree keeps
-//! the edges that deliver first. Repair: an ihave of a missing id is requested like an advert
-//! (with the fallbacks below), and a reconnected peer gets ihaves of everything relayable.
+//! the edges that deliver first. Every node announces its peers to its peers (a neighbours
+//! item, at the first flush after its peer set changes); a relay also sends an ihave to every
+//! peer that the artifact's upstream does not reach itself (the two do not list each other),
+//! so on a sparse network no node is left out: following upstreams back from any node that
+//! lacks an artifact ends at its publisher, which sends to every peer. In a full mesh every
+//! peer is the upstream's peer too and this adds nothing. Repair: an ihave of a missing id is
+//! requested like an advert (with the fallbacks below), a reconnected peer gets ihaves of
+//! everything relayable, and every `repair_interval` (1 s) a node sends one peer, a different
+//! one each time, ihaves of the `Relay::All` artifacts it stored in the last `repair_window`
+//! (2 s): about two ihaves per artifact per node, for a batch lost whole.
 //!
 //! [Leitão et al. 2007]: https://asc.di.fct.unl.pt/~jleitao/pdf/srds07-leitao.pdf
 //!
@@ -100,6 +108,7 @@
 //! | purge (id) | "I no longer hold it; do not request it from me" |
 //! | ihave (class, id, size) | lazy advert: "request it from me if you lack it"; no answer if held |
 //! | prune (id) | "your eager copy of `id` was a duplicate: stop relaying eagerly to me what reaches you by the peer `id` came from" |
+//! | neighbours (sequence, peer ids) | "these are my peers now"; the newest sequence counts, at most `max_neighbours` kept |
 //!
 //! Ids are SHA-256 of the class byte and the payload, so a peer cannot pass bytes off under another
 //! artifact's id. Items queue until the next flush (`flush_interval`, default 20 ms; at once for
@@ -175,6 +184,8 @@
 //! | `max_tombstones` | 65 536 | ids remembered after expiry, purge or rejection |
 //! | `max_batch_items`, `max_artifact_bytes` | 4096, 4 MiB | decoder limits, checked before allocation |
 //! | `max_batch_bytes` | 8 MiB | bytes per batch sent: a burst of large artifacts is split over several batches, each within a node frame |
+//! | `max_neighbours` | 1024 | peers kept of each peer's neighbours announcement (a longer list is cut, which costs ihaves, never a miss; one over `max_batch_items` refuses the batch) |
+//! | `max_pool_artifacts` | 65 536 | recent ids remembered for periodic repair (those of the last `repair_window`) |
 //!
 //! An advert beyond its sender's budget is refused and counted (`adverts_refused`): a peer that floods
 //! adverts fills only its own budget (`a_peer_flooding_a_million_adverts_stays_within_the_memory_bound`
@@ -215,10 +226,18 @@
 //! - Prunes and grafts key a tree by the peer an artifact came from, not by its publisher (the
 //!   wire carries no origin): on a sparse network, artifacts of several publishers that enter
 //!   through the same neighbour share one tree.
-//! - Repair after a lost batch rests on `lazy_fanout` ihaves and request fallbacks; a node whose
-//!   copy and every ihave are lost gets the artifact only at its next reconnect. The transport
-//!   (QUIC streams) retransmits lost packets, so in the lab and in production a batch is lost only
-//!   when a send queue refuses it or a connection drops.
+//! - Repair after a lost batch rests on `lazy_fanout` ihaves, request fallbacks and periodic
+//!   repair, which reaches back `repair_window` (2 s): a node whose copy, every ihave and every
+//!   repair ihave within that window were lost gets the artifact only at its next reconnect.
+//!   The transport (QUIC streams) retransmits lost packets, so in the lab and in production a
+//!   batch is lost only when a send queue refuses it or a connection drops. The state machine
+//!   tests drop whole batches at 10%: with the default repair a node still missed one artifact
+//!   in 3 of 20 seeds; at a 100 ms repair interval in none of 20.
+//! - The neighbours announcements go out at the first flush after a change. Until a node has
+//!   its peers' lists it sends an ihave to every peer a relay does not otherwise reach (one
+//!   flush after a connection comes up). A link that went down after its ends announced it,
+//!   and before they announced its loss, can make a relay skip a peer it should not; repair and
+//!   the next reconnect's catch-up cover that window.
 //!
 //! ## Measured
 //!

@@ -386,6 +386,11 @@ impl GossipService {
         lock(&self.shared.state).machine.stats().clone()
     }
 
+    /// Counters of the neighbours announcements sent and received since the service started.
+    pub fn neighbour_stats(&self) -> crate::proto::NeighbourStats {
+        lock(&self.shared.state).machine.neighbour_stats()
+    }
+
     /// Artifacts from `peer` the validator rejected.
     pub fn rejected_from(&self, peer: &PeerId) -> u64 {
         lock(&self.shared.state).machine.rejected_from(peer)

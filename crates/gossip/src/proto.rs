@@ -2,8 +2,10 @@
 
 pub mod codec;
 mod config;
+mod neighbours;
 mod pool;
 mod pull;
+mod repair;
 mod stats;
 mod tree;
 
@@ -15,10 +17,11 @@ use bytes::Bytes;
 pub use codec::{decode_batch, encode_batch, BatchLimits, CodecError, Item};
 pub use config::{ClassPolicy, GossipConfig, Relay};
 use config::{
-    EAGER_ENTRY_BYTES, HELD_ENTRY_BYTES, PEER_BYTES, PENDING_ENTRY_BYTES, REQUEST_BYTES,
-    TOMBSTONE_BYTES, TREE_BYTES,
+    EAGER_ENTRY_BYTES, HELD_ENTRY_BYTES, NEIGHBOUR_ENTRY_BYTES, PEER_BYTES, PENDING_ENTRY_BYTES,
+    REPAIR_ENTRY_BYTES, REQUEST_BYTES, TOMBSTONE_BYTES, TREE_BYTES,
 };
 use meshwire_proto::PeerId;
+pub use neighbours::NeighbourStats;
 use pool::Held;
 use pull::Pending;
 pub use stats::ClassStats;
@@ -131,12 +134,16 @@ struct PeerState {
     relay: Vec<Item>,
     /// Artifacts from this peer the validator rejected.
     rejected: u64,
+    /// The newest neighbours announcement from this peer: its sequence number and up to
+    /// `max_neighbours` of the peers it listed.
+    neighbours: Option<(u64, BTreeSet<PeerId>)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
     Expiry,
     Request,
+    Repair,
 }
 
 /// The gossip state machine of one node.
@@ -164,6 +171,14 @@ pub struct Gossip<V> {
     salt: [u8; 32],
     /// Prunes for artifacts this node does not hold (expired, or never sent).
     unmatched_prunes: u64,
+    /// The peer set changed since this node last announced it.
+    announce_due: bool,
+    /// Sequence number of this node's last neighbours announcement.
+    announce_seq: u64,
+    /// Recent `Relay::All` artifacts, for periodic repair.
+    repair: repair::Repair,
+    /// Counters of neighbours announcements (no class: they describe connections).
+    neighbour_stats: NeighbourStats,
 }
 
 impl<V> std::fmt::Debug for Gossip<V> {
@@ -198,6 +213,10 @@ impl<V: Validator> Gossip<V> {
             trees: HashMap::new(),
             salt: [0; 32],
             unmatched_prunes: 0,
+            announce_due: false,
+            announce_seq: 0,
+            repair: repair::Repair::default(),
+            neighbour_stats: NeighbourStats::default(),
         }
     }
 
@@ -286,7 +305,8 @@ impl<V: Validator> Gossip<V> {
         }
         let has_items = !state.queued.is_empty();
         self.peers.insert(peer, state);
-        if has_items {
+        self.announce_due = !self.config.relay_to_all;
+        if has_items || self.announce_due {
             self.schedule_flush(now, false);
         }
     }
@@ -295,6 +315,10 @@ impl<V: Validator> Gossip<V> {
     pub fn handle_peer_down(&mut self, peer: PeerId, now: Instant) {
         if self.peers.remove(&peer).is_none() {
             return;
+        }
+        if !self.config.relay_to_all && !self.peers.is_empty() {
+            self.announce_due = true;
+            self.schedule_flush(now, false);
         }
         self.tree_peer_down(&peer);
         let affected: Vec<ArtifactId> = self
@@ -333,6 +357,7 @@ impl<V: Validator> Gossip<V> {
             }
             Item::IHave { class, id, size } => self.handle_advert(from, class, id, size, true, now),
             Item::Prune(id) => self.handle_prune(from, id),
+            Item::Neighbours { seq, peers } => self.handle_neighbours(from, seq, peers),
             Item::Request(id) => self.handle_request(from, id, now),
             Item::Artifact { class, payload } => self.handle_artifact(from, class, payload, now),
             Item::Purge(id) => {
@@ -449,6 +474,7 @@ impl<V: Validator> Gossip<V> {
                 Timer::Expiry => {
                     self.pool_expire(id, at, now);
                 }
+                Timer::Repair => self.repair_tick(now),
                 Timer::Request => {
                     let Some(pending) = self.pending.get_mut(&id) else {
                         continue;
@@ -510,6 +536,20 @@ impl<V: Validator> Gossip<V> {
         self.unmatched_prunes
     }
 
+    /// Counters of neighbours announcements.
+    pub fn neighbour_stats(&self) -> NeighbourStats {
+        self.neighbour_stats
+    }
+
+    /// The peers `peer` last announced as its neighbours (at most `max_neighbours`).
+    pub fn neighbours_of(&self, peer: &PeerId) -> Option<&BTreeSet<PeerId>> {
+        self.peers
+            .get(peer)?
+            .neighbours
+            .as_ref()
+            .map(|(_, set)| set)
+    }
+
     /// The peers this node relays `Relay::All` artifacts received from `upstream` to eagerly,
     /// if it has relayed or been grafted for one yet.
     pub fn eager_peers(&self, upstream: &PeerId) -> Option<BTreeSet<PeerId>> {
@@ -559,7 +599,12 @@ impl<V: Validator> Gossip<V> {
         let queued: u64 = self
             .peers
             .values()
-            .map(|p| PEER_BYTES + REQUEST_BYTES * (p.queued.len() + p.relay.len()) as u64)
+            .map(|p| {
+                let neighbours = p.neighbours.as_ref().map_or(0, |(_, set)| set.len());
+                PEER_BYTES
+                    + REQUEST_BYTES * (p.queued.len() + p.relay.len()) as u64
+                    + NEIGHBOUR_ENTRY_BYTES * neighbours as u64
+            })
             .sum();
         let trees: u64 = self
             .trees
@@ -568,6 +613,7 @@ impl<V: Validator> Gossip<V> {
             .sum();
         self.pool_bytes
             + HELD_ENTRY_BYTES * self.pool.len() as u64
+            + REPAIR_ENTRY_BYTES * self.repair.len() as u64
             + pending
             + queued
             + TOMBSTONE_BYTES * self.tombstones.len() as u64
@@ -619,6 +665,7 @@ impl<V: Validator> Gossip<V> {
     /// Peers with the same items share one encoding.
     fn flush(&mut self) {
         self.next_flush = None;
+        self.queue_announcement();
         let broadcast = std::mem::take(&mut self.broadcast);
         let mut shared: Vec<PeerId> = Vec::new();
         let max_items = self.config.max_batch_items.max(1);

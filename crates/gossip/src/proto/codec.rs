@@ -10,15 +10,21 @@
 //! | 4   | purge    | id (32)                                            | 33           |
 //! | 5   | ihave    | class (u8), id (32), size (u32)                    | 38           |
 //! | 6   | prune    | id (32)                                            | 33           |
+//! | 7   | neighbours | sequence (u64), count (u16), peer ids (32 each)  | 11 + 32 × count |
 //!
 //! An ihave is a lazy advert: the receiver requests the artifact if it lacks it, and says nothing
 //! if it holds it. A prune answers an eager copy (a pushed artifact or an advert) of an artifact
 //! the receiver already held: "stop sending me eagerly what reaches you by the way this one did".
+//! A neighbours item lists the sender's peers: a relay skips only the peers its upstream reaches
+//! itself (both list each other), so a node whose neighbours all route elsewhere is never left out.
+//! Its sequence number orders announcements that arrive out of order; the newest one counts.
 //!
 //! An artifact carries no id: the receiver derives it from the content ([`ArtifactId::of`]), so a
 //! peer cannot deliver bytes under another artifact's id.
 
 use bytes::{BufMut, Bytes, BytesMut};
+
+use meshwire_proto::PeerId;
 
 use super::{ArtifactId, ClassId};
 
@@ -32,6 +38,8 @@ pub const ADVERT_LEN: usize = 1 + 1 + 32 + 4;
 pub const ID_ITEM_LEN: usize = 1 + 32;
 /// Wire size of an artifact item without its payload.
 pub const ARTIFACT_HEADER_LEN: usize = 1 + 1 + 4;
+/// Wire size of a neighbours item without its peer ids.
+pub const NEIGHBOURS_HEADER_LEN: usize = 1 + 8 + 2;
 
 const TAG_ADVERT: u8 = 1;
 const TAG_REQUEST: u8 = 2;
@@ -39,6 +47,7 @@ const TAG_ARTIFACT: u8 = 3;
 const TAG_PURGE: u8 = 4;
 const TAG_IHAVE: u8 = 5;
 const TAG_PRUNE: u8 = 6;
+const TAG_NEIGHBOURS: u8 = 7;
 
 /// One gossip item.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +84,13 @@ pub enum Item {
     /// "I already held `id` when your eager copy came: stop pushing to me what reaches you by
     /// the peer that gave you `id`."
     Prune(ArtifactId),
+    /// "These are my peers now" (announcement `seq`; a later one replaces it).
+    Neighbours {
+        /// Announcement number, increasing per sender and connection.
+        seq: u64,
+        /// The sender's peers, at most `max_items` (the batch's item limit).
+        peers: Vec<PeerId>,
+    },
 }
 
 impl Item {
@@ -84,6 +100,7 @@ impl Item {
             Item::Advert { .. } | Item::IHave { .. } => ADVERT_LEN,
             Item::Request(_) | Item::Purge(_) | Item::Prune(_) => ID_ITEM_LEN,
             Item::Artifact { payload, .. } => ARTIFACT_HEADER_LEN + payload.len(),
+            Item::Neighbours { peers, .. } => NEIGHBOURS_HEADER_LEN + 32 * peers.len(),
         }
     }
 }
@@ -126,6 +143,14 @@ pub enum CodecError {
     /// The batch ended inside an item.
     #[error("gossip batch truncated")]
     Truncated,
+    /// A neighbours item listing more peers than the limit.
+    #[error("neighbours item lists {count} peers, the limit is {max}")]
+    TooManyNeighbours {
+        /// Listed peers.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
     /// Bytes after the last announced item.
     #[error("{0} trailing bytes after the last gossip item")]
     TrailingBytes(usize),
@@ -169,6 +194,15 @@ pub fn encode_batch(items: &[Item]) -> Bytes {
                 out.put_u8(TAG_PRUNE);
                 out.put_slice(&id.0);
             }
+            Item::Neighbours { seq, peers } => {
+                out.put_u8(TAG_NEIGHBOURS);
+                out.put_u64_le(*seq);
+                let count = peers.len().min(usize::from(u16::MAX));
+                out.put_u16_le(count as u16);
+                for peer in &peers[..count] {
+                    out.put_slice(peer.as_bytes());
+                }
+            }
         }
     }
     out.freeze()
@@ -196,10 +230,39 @@ impl Reader<'_> {
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
+    fn u64(&mut self) -> Result<u64, CodecError> {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(b))
+    }
+
     fn id(&mut self) -> Result<ArtifactId, CodecError> {
         let mut id = [0u8; 32];
         id.copy_from_slice(self.take(32)?);
         Ok(ArtifactId(id))
+    }
+
+    /// A neighbours item's body: at most `max` peers, checked before allocating, and the ids
+    /// must all be present.
+    fn neighbours(&mut self, max: usize) -> Result<Item, CodecError> {
+        let seq = self.u64()?;
+        let count = {
+            let b = self.take(2)?;
+            usize::from(u16::from_le_bytes([b[0], b[1]]))
+        };
+        if count > max {
+            return Err(CodecError::TooManyNeighbours { count, max });
+        }
+        let ids = self.take(32 * count)?;
+        let peers = ids
+            .chunks_exact(32)
+            .map(|chunk| {
+                let mut id = [0u8; 32];
+                id.copy_from_slice(chunk);
+                PeerId::from_bytes(id)
+            })
+            .collect();
+        Ok(Item::Neighbours { seq, peers })
     }
 }
 
@@ -221,7 +284,8 @@ pub fn decode_batch(bytes: &Bytes, limits: &BatchLimits) -> Result<Vec<Item>, Co
             max: limits.max_items,
         });
     }
-    // Every item takes at least 33 bytes, so a short batch cannot make us reserve much.
+    // Only a neighbours item takes fewer than 33 bytes, so a short batch cannot make us reserve
+    // much (the reservation is a hint; the vector grows past it if it must).
     let mut items = Vec::with_capacity(count.min(bytes.len() / ID_ITEM_LEN));
     for _ in 0..count {
         let item = match reader.u8()? {
@@ -254,6 +318,7 @@ pub fn decode_batch(bytes: &Bytes, limits: &BatchLimits) -> Result<Vec<Item>, Co
                 size: reader.u32()?,
             },
             TAG_PRUNE => Item::Prune(reader.id()?),
+            TAG_NEIGHBOURS => reader.neighbours(limits.max_items)?,
             other => return Err(CodecError::UnknownTag(other)),
         };
         items.push(item);
@@ -316,6 +381,50 @@ mod tests {
         assert_eq!(decode_batch(&encoded, &LIMITS).unwrap(), items);
     }
 
+    // Golden vector of a neighbours item.
+    #[test]
+    fn golden_neighbours() {
+        let items = vec![Item::Neighbours {
+            seq: 0x0102,
+            peers: vec![
+                PeerId::from_bytes([0xcc; 32]),
+                PeerId::from_bytes([0xdd; 32]),
+            ],
+        }];
+        let encoded = encode_batch(&items);
+        let expected = format!(
+            "01010007{}0200{}{}",
+            "0201000000000000",
+            "cc".repeat(32),
+            "dd".repeat(32)
+        );
+        assert_eq!(hex(&encoded), expected);
+        assert_eq!(encoded.len(), BATCH_HEADER_LEN + items[0].wire_len());
+        assert_eq!(decode_batch(&encoded, &LIMITS).unwrap(), items);
+    }
+
+    #[test]
+    fn a_neighbours_item_is_bounded_before_allocation() {
+        let peers = vec![PeerId::from_bytes([1; 32]); 3];
+        let encoded = encode_batch(&[Item::Neighbours { seq: 1, peers }]);
+        let limits = BatchLimits {
+            max_items: 2,
+            ..LIMITS
+        };
+        assert_eq!(
+            decode_batch(&encoded, &limits),
+            Err(CodecError::TooManyNeighbours { count: 3, max: 2 })
+        );
+        // A count the bytes do not back is truncated, not allocated.
+        let mut lying = vec![BATCH_VERSION, 1, 0, TAG_NEIGHBOURS];
+        lying.extend_from_slice(&7u64.to_le_bytes());
+        lying.extend_from_slice(&1000u16.to_le_bytes());
+        assert_eq!(
+            decode_batch(&Bytes::from(lying), &LIMITS),
+            Err(CodecError::Truncated)
+        );
+    }
+
     #[test]
     fn rejects_malformed_batches() {
         let good = encode_batch(&[Item::Request(ArtifactId([1; 32]))]).to_vec();
@@ -325,7 +434,7 @@ mod tests {
             decode_batch(&Bytes::from(bytes), &LIMITS)
         };
         assert_eq!(with(0, 9), Err(CodecError::UnsupportedVersion(9)));
-        assert_eq!(with(3, 7), Err(CodecError::UnknownTag(7)));
+        assert_eq!(with(3, 8), Err(CodecError::UnknownTag(8)));
         let mut short_prune = encode_batch(&[Item::Prune(ArtifactId([1; 32]))]).to_vec();
         short_prune.pop();
         assert_eq!(
@@ -385,6 +494,14 @@ mod tests {
                 }
             }),
             any::<[u8; 32]>().prop_map(|id| Item::Prune(ArtifactId(id))),
+            (
+                any::<u64>(),
+                proptest::collection::vec(any::<[u8; 32]>(), 0..20)
+            )
+                .prop_map(|(seq, peers)| Item::Neighbours {
+                    seq,
+                    peers: peers.into_iter().map(PeerId::from_bytes).collect(),
+                }),
         ]
     }
 

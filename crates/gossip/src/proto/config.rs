@@ -84,6 +84,18 @@ pub struct GossipConfig {
     /// prunes: gossip as it was before relay trees (and as the Internet Computer relays consensus
     /// artifacts), kept so the lab can measure it against them.
     pub relay_to_all: bool,
+    /// Most peers kept of each peer's neighbours announcement (and sent in this node's own). A
+    /// relay skips a peer only when the artifact's upstream and that peer list each other, so
+    /// a list cut short costs extra lazy adverts, never a missed artifact.
+    pub max_neighbours: usize,
+    /// How often a node sends one peer (a different one each time, chosen pseudo-randomly) an
+    /// ihave of every `Relay::All` artifact it stored in the last `repair_window`, so a node
+    /// whose copy and ihaves were all lost hears of the artifact again. Each node then costs
+    /// about `repair_window / repair_interval` ihaves per artifact. Zero turns repair off; it
+    /// is off with `relay_to_all`.
+    pub repair_interval: Duration,
+    /// How far back periodic repair reaches.
+    pub repair_window: Duration,
 }
 
 impl Default for GossipConfig {
@@ -104,6 +116,9 @@ impl Default for GossipConfig {
             eager_fanout: 2,
             lazy_fanout: 2,
             relay_to_all: false,
+            max_neighbours: 1024,
+            repair_interval: Duration::from_secs(1),
+            repair_window: Duration::from_secs(2),
         }
     }
 }
@@ -125,9 +140,10 @@ impl GossipConfig {
         // One eager set per upstream peer, each holding at most every peer.
         let trees = peers as u64 * (TREE_BYTES + peers as u64 * EAGER_ENTRY_BYTES);
         self.max_pool_bytes
-            + self.max_pool_artifacts as u64 * HELD_ENTRY_BYTES
+            + self.max_pool_artifacts as u64 * (HELD_ENTRY_BYTES + REPAIR_ENTRY_BYTES)
             + self.max_tombstones as u64 * TOMBSTONE_BYTES
             + peers as u64 * (per_peer + PEER_BYTES)
+            + peers as u64 * self.max_neighbours as u64 * NEIGHBOUR_ENTRY_BYTES
             + trees
     }
 }
@@ -140,3 +156,5 @@ pub(super) const TOMBSTONE_BYTES: u64 = 96;
 pub(super) const PEER_BYTES: u64 = 160;
 pub(super) const TREE_BYTES: u64 = 96;
 pub(super) const EAGER_ENTRY_BYTES: u64 = 48;
+pub(super) const NEIGHBOUR_ENTRY_BYTES: u64 = 48;
+pub(super) const REPAIR_ENTRY_BYTES: u64 = 48;

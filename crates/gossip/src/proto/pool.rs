@@ -34,6 +34,7 @@ impl<V: Validator> Gossip<V> {
         now: Instant,
     ) {
         let expires_at = now + policy.expiry;
+        self.note_for_repair(id, policy.relay, now);
         self.pool_bytes += payload.len() as u64;
         self.timers.insert((expires_at, Timer::Expiry, id));
         self.pool.insert(

@@ -9,6 +9,11 @@ pub struct ClassStats {
     pub adverts_received: u64,
     /// Lazy adverts (ihave) sent; included in `adverts_sent`.
     pub ihaves_sent: u64,
+    /// Lazy adverts (ihave) sent to peers outside the ring successors because the artifact's
+    /// upstream does not reach them itself; included in `ihaves_sent`.
+    pub cover_ihaves_sent: u64,
+    /// Lazy adverts (ihave) sent by periodic repair; included in `ihaves_sent`.
+    pub repair_ihaves_sent: u64,
     /// Lazy adverts (ihave) received; included in `adverts_received`.
     pub ihaves_received: u64,
     /// Adverts (and requests) refused because the peer's budget was spent.

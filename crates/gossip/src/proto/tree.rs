@@ -9,7 +9,9 @@
 //! confirmed (a graft), and confirmed peers get small artifacts pushed whole. A peer that gets an
 //! eager copy or advert of something it already held answers with a prune and leaves the set.
 //! In a full mesh every eager set empties after the first artifact from each upstream, and what
-//! remains is the publisher's direct copy plus `lazy_fanout` ihaves per relay.
+//! remains is the publisher's direct copy plus `lazy_fanout` ihaves per relay. Peers the
+//! upstream does not reach itself (by the neighbours announcements) get an ihave as well, so no
+//! node is left out on a sparse network (`neighbours`).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -20,7 +22,7 @@ use meshwire_proto::PeerId;
 use super::{codec, ArtifactId, ClassId, ClassPolicy, Gossip, Item, Relay, Validator};
 
 /// A stable pseudo-random rank of `peer` for `key`, salted per node.
-fn rank(salt: &[u8; 32], key: &[u8], peer: &PeerId) -> [u8; 32] {
+pub(super) fn rank(salt: &[u8; 32], key: &[u8], peer: &PeerId) -> [u8; 32] {
     meshwire_proto::hash::sha256(&[salt, key, peer.as_bytes()])
 }
 
@@ -107,9 +109,24 @@ impl<V: Validator> Gossip<V> {
             .map(|(peer, confirmed)| (*peer, *confirmed))
             .filter(|(peer, _)| *peer != upstream)
             .collect();
-        let lazy = self.ring_successors(&id, self.config.lazy_fanout, |peer| {
+        let mut lazy = self.ring_successors(&id, self.config.lazy_fanout, |peer| {
             *peer == upstream || eager.iter().any(|(eager, _)| eager == peer)
         });
+        // Every other peer the upstream does not reach itself gets an ihave too (see
+        // `neighbours`): on a sparse network it may hear of the artifact from no one else.
+        let ring = lazy.len();
+        let uncovered: Vec<PeerId> = self
+            .peers
+            .keys()
+            .filter(|peer| {
+                **peer != upstream
+                    && !eager.iter().any(|(eager, _)| eager == *peer)
+                    && !lazy[..ring].contains(peer)
+                    && !self.reaches(&upstream, peer)
+            })
+            .copied()
+            .collect();
+        lazy.extend(uncovered);
         let size = payload.len() as u32;
         let push = policy.pushes(payload.len());
         let (mut pushed, mut advertised) = (0u64, 0u64);
@@ -133,9 +150,13 @@ impl<V: Validator> Gossip<V> {
                 }
             }
         }
-        let mut lazy_sent = 0u64;
-        for peer in &lazy {
-            lazy_sent += u64::from(self.queue_relay(*peer, class, Item::IHave { class, id, size }));
+        let (mut lazy_sent, mut cover_sent) = (0u64, 0u64);
+        for (index, peer) in lazy.iter().enumerate() {
+            let sent = u64::from(self.queue_relay(*peer, class, Item::IHave { class, id, size }));
+            lazy_sent += sent;
+            if index >= ring {
+                cover_sent += sent;
+            }
         }
         if advertised + lazy_sent > 0 {
             if let Some(held) = self.pool.get_mut(&id) {
@@ -146,6 +167,7 @@ impl<V: Validator> Gossip<V> {
         stats.pushes_sent += pushed;
         stats.adverts_sent += advertised + lazy_sent;
         stats.ihaves_sent += lazy_sent;
+        stats.cover_ihaves_sent += cover_sent;
         stats.bytes_sent += pushed * (codec::ARTIFACT_HEADER_LEN as u64 + u64::from(size))
             + (advertised + lazy_sent) * codec::ADVERT_LEN as u64;
         if pushed + advertised + lazy_sent > 0 {
@@ -155,7 +177,7 @@ impl<V: Validator> Gossip<V> {
 
     /// Queues `item` on `peer`'s relay queue; false (and counted) if the queue is full or the
     /// peer is gone.
-    fn queue_relay(&mut self, peer: PeerId, class: ClassId, item: Item) -> bool {
+    pub(super) fn queue_relay(&mut self, peer: PeerId, class: ClassId, item: Item) -> bool {
         let max = self.config.max_pending_per_peer;
         match self.peers.get_mut(&peer) {
             Some(state) if state.relay.len() < max => {
