@@ -157,6 +157,8 @@ struct Tally {
     stats_at_end: BTreeMap<usize, BTreeMap<ClassId, ClassStats>>,
     /// Each node's counters at the end of the drain (they start at zero with the node).
     stats_final: BTreeMap<usize, BTreeMap<ClassId, ClassStats>>,
+    /// Neighbours announcement bytes each node received over the whole run.
+    neighbour_bytes_final: BTreeMap<usize, u64>,
     /// Each node's CPU counters at the window's start and end.
     cpu_at_start: BTreeMap<usize, CpuStats>,
     cpu_at_end: BTreeMap<usize, CpuStats>,
@@ -545,7 +547,10 @@ async fn run_rounds(
     }
     // The lab's last step runs one tick before the run's end.
     tokio::time::sleep(workload.end().saturating_sub(TICK).saturating_sub(clock())).await;
-    tally.borrow_mut().stats_final.insert(index, gossip.stats());
+    let mut tally = tally.borrow_mut();
+    tally.stats_final.insert(index, gossip.stats());
+    let neighbours = gossip.neighbour_stats().bytes_received;
+    tally.neighbour_bytes_final.insert(index, neighbours);
 }
 
 fn metrics(tally: &Tally, workload: &Workload) -> Metrics {
@@ -623,6 +628,13 @@ fn metrics(tally: &Tally, workload: &Workload) -> Metrics {
     metrics.insert(
         "duplicate_byte_ratio".into(),
         round_metric(floor.received_per_node / floor.distinct_per_node),
+    );
+    // Announcements of who is connected to whom (meshwire's relay trees use them); not in the
+    // per-class bytes above.
+    let neighbour_bytes: u64 = tally.neighbour_bytes_final.values().sum();
+    metrics.insert(
+        "neighbour_bytes_per_node".into(),
+        round_metric(neighbour_bytes as f64 / tally.neighbour_bytes_final.len().max(1) as f64),
     );
     for (class, name) in [(INGRESS, "ingress"), (BLOCK, "block"), (SHARE, "share")] {
         class_metrics(&mut metrics, tally, workload, class, name);
