@@ -305,7 +305,7 @@ impl<V: Validator> Gossip<V> {
         }
         let has_items = !state.queued.is_empty();
         self.peers.insert(peer, state);
-        self.announce_due = !self.config.relay_to_all;
+        self.announce_due = self.announces();
         if has_items || self.announce_due {
             self.schedule_flush(now, false);
         }
@@ -316,7 +316,7 @@ impl<V: Validator> Gossip<V> {
         if self.peers.remove(&peer).is_none() {
             return;
         }
-        if !self.config.relay_to_all && !self.peers.is_empty() {
+        if self.announces() && !self.peers.is_empty() {
             self.announce_due = true;
             self.schedule_flush(now, false);
         }

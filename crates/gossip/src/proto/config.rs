@@ -88,6 +88,10 @@ pub struct GossipConfig {
     /// relay skips a peer only when the artifact's upstream and that peer list each other, so
     /// a list cut short costs extra lazy adverts, never a missed artifact.
     pub max_neighbours: usize,
+    /// Announce this node's peers to its peers. Off, a node keeps its peer set to itself (for
+    /// a network where who talks to whom is private); its peers then never skip it in a relay,
+    /// which costs it an ihave per relayed artifact from each of them. Off with `relay_to_all`.
+    pub announce_neighbours: bool,
     /// How often a node sends one peer (a different one each time, chosen pseudo-randomly) an
     /// ihave of every `Relay::All` artifact it stored in the last `repair_window`, so a node
     /// whose copy and ihaves were all lost hears of the artifact again. Each node then costs
@@ -117,6 +121,7 @@ impl Default for GossipConfig {
             lazy_fanout: 2,
             relay_to_all: false,
             max_neighbours: 1024,
+            announce_neighbours: true,
             repair_interval: Duration::from_secs(1),
             repair_window: Duration::from_secs(2),
         }

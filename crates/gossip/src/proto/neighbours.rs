@@ -14,6 +14,10 @@
 //! has not announced yet, or that lists its peers only in part, counts as not reached, which
 //! costs an ihave (38 B) and never an artifact. Both lists must agree, so one peer claiming a
 //! neighbour it does not have cannot make this node skip that neighbour.
+//!
+//! The announcements tell every peer who this node's other peers are. Where that is private,
+//! `announce_neighbours = false` keeps them to the node; its peers then count it as reached by
+//! no one and send it an ihave of every artifact they relay.
 
 use std::collections::BTreeSet;
 
@@ -37,6 +41,11 @@ pub struct NeighbourStats {
 }
 
 impl<V: Validator> Gossip<V> {
+    /// Whether this node announces its peers.
+    pub(super) fn announces(&self) -> bool {
+        self.config.announce_neighbours && !self.config.relay_to_all
+    }
+
     /// Queues this node's peer list for every peer if it changed since the last announcement
     /// (called at each flush, so a burst of connections costs one announcement per flush).
     pub(super) fn queue_announcement(&mut self) {

@@ -1050,3 +1050,30 @@ fn neighbours_announcements_must_agree_and_be_newer() {
     gossip.handle_peer_down(peer(1), now);
     assert!(gossip.neighbours_of(&peer(1)).is_none());
 }
+
+/// A node that keeps its peer set private sends no announcements, and still hears of every
+/// relayed artifact (its peers count it as reached by no one).
+#[test]
+fn a_node_that_does_not_announce_its_peers_still_hears_of_every_artifact() {
+    let mut net = Net::new(
+        (0..4).map(|_| accept_all()).collect(),
+        &[(0, 1), (0, 2), (1, 2), (2, 3)],
+    );
+    let mut private = config();
+    private.announce_neighbours = false;
+    net.nodes[3] = Gossip::new(private, accept_all());
+    net.nodes[3].set_local_id(peer(3));
+    net.nodes[3].handle_peer_up(peer(2), net.wire.now());
+    net.run(Duration::from_millis(100));
+    let ids: Vec<_> = (0..6u8)
+        .map(|seed| {
+            net.nodes[usize::from(seed % 2)]
+                .publish(SHARE, payload(seed, 300), net.wire.now())
+                .unwrap()
+        })
+        .collect();
+    net.run(Duration::from_secs(5));
+    assert!(ids.iter().all(|id| net.nodes[3].has(id)));
+    assert_eq!(net.nodes[3].neighbour_stats().sent, 0);
+    assert!(net.nodes[2].neighbours_of(&peer(3)).is_none());
+}
