@@ -50,7 +50,8 @@
 //! * `received_bytes_per_node`: the gossip item bytes the node received, as the gossip layer
 //!   counts them (`ClassStats::bytes_received`, every class): every advert (38 B), every request
 //!   for an artifact it held (33 B) and every artifact copy, pushed or pulled, duplicates included
-//!   (6 B + payload). Not counted: the 3-byte header of each batch, requests for artifacts it no
+//!   (6 B + payload), plus the neighbours announcements it received (`neighbour_bytes_per_node`,
+//!   11 B + 32 B per listed peer; meshwire only, in no class). Not counted: the 3-byte header of each batch, requests for artifacts it no
 //!   longer held, and the transport under gossip (meshwire frames, QUIC, UDP).
 //! * `duplicate_byte_ratio` = received ÷ distinct: 1 would be every artifact arriving exactly once
 //!   with no item header and no advert; it is below 1 only if a node missed artifacts it had to
@@ -617,24 +618,23 @@ fn metrics(tally: &Tally, workload: &Workload) -> Metrics {
         round_metric(busy.iter().copied().fold(0.0, f64::max)),
     );
     let floor = byte_floor(tally, workload.nodes);
+    // Announcements of who is connected to whom (meshwire's relays use them): gossip bytes a
+    // node receives, so they count in the total, though in no class.
+    let neighbour_bytes: u64 = tally.neighbour_bytes_final.values().sum();
+    let neighbour_bytes = neighbour_bytes as f64 / tally.neighbour_bytes_final.len().max(1) as f64;
+    let received = floor.received_per_node + neighbour_bytes;
     metrics.insert(
         "distinct_bytes_per_node".into(),
         round_metric(floor.distinct_per_node),
     );
+    metrics.insert("received_bytes_per_node".into(), round_metric(received));
     metrics.insert(
-        "received_bytes_per_node".into(),
-        round_metric(floor.received_per_node),
+        "neighbour_bytes_per_node".into(),
+        round_metric(neighbour_bytes),
     );
     metrics.insert(
         "duplicate_byte_ratio".into(),
-        round_metric(floor.received_per_node / floor.distinct_per_node),
-    );
-    // Announcements of who is connected to whom (meshwire's relay trees use them); not in the
-    // per-class bytes above.
-    let neighbour_bytes: u64 = tally.neighbour_bytes_final.values().sum();
-    metrics.insert(
-        "neighbour_bytes_per_node".into(),
-        round_metric(neighbour_bytes as f64 / tally.neighbour_bytes_final.len().max(1) as f64),
+        round_metric(received / floor.distinct_per_node),
     );
     for (class, name) in [(INGRESS, "ingress"), (BLOCK, "block"), (SHARE, "share")] {
         class_metrics(&mut metrics, tally, workload, class, name);
