@@ -228,10 +228,25 @@ fn gossip() -> Vec<Vec<u8>> {
         },
     ]);
     let artifacts = encode_batch(&[artifact(0, b"even"), artifact(1, b"odd"), artifact(0, b"")]);
+    // A neighbours announcement (naming the fuzz target's own peer and another), then a relayed
+    // artifact from that peer: the relay consults the lists.
+    let neighbours = encode_batch(&[
+        Item::Neighbours {
+            seq: 1,
+            peers: vec![PeerId::from_bytes([1; 32]), PeerId::from_bytes([2; 32])],
+        },
+        artifact(0, b"even"),
+        Item::IHave {
+            class: ClassId(0),
+            id: ArtifactId::of(ClassId(0), b"ev"),
+            size: 2,
+        },
+    ]);
     vec![
         with_prefix(&[8], &golden),
         with_prefix(&[2], &adverts),
         with_prefix(&[3], &artifacts),
+        with_prefix(&[4], &neighbours),
         with_prefix(&[255], &encode_batch(&[])),
     ]
 }
