@@ -219,9 +219,11 @@
 //!
 //! ## Limits of this version
 //!
-//! - A batch refused by a full per-peer send queue is counted by the node (`send_refused`) but not
-//!   retried; `All` artifacts reach such a peer again only through another peer's relay or the
-//!   catch-up adverts after a reconnect.
+//! - A batch refused by a full per-peer send queue is counted by the node (`send_refused`) and
+//!   not retried as such; the driver tells the state machine (`Gossip::handle_send_refused`),
+//!   and that peer gets the next periodic repair: ihaves of the `Relay::All` artifacts of the
+//!   last `repair_window`. Older ones, and `Origin` artifacts, reach it only through another
+//!   peer or the catch-up adverts after a reconnect.
 //! - Validation is synchronous, inside the driver.
 //! - Prunes and grafts key a tree by the peer an artifact came from, not by its publisher (the
 //!   wire carries no origin): on a sparse network, artifacts of several publishers that enter

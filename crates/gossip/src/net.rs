@@ -402,7 +402,8 @@ impl GossipService {
             let result = call(&mut state.machine);
             (result, drain(&mut state))
         };
-        send(&self.shared.node, self.shared.protocol, transmits);
+        let refused = send(&self.shared.node, self.shared.protocol, transmits);
+        report_refused(&self.shared.state, refused);
         // The driver recomputes its timer (a flush may now be due sooner).
         self.shared.wake.notify_one();
         result
@@ -420,13 +421,30 @@ fn drain(state: &mut State) -> Vec<gossip::Transmit> {
     transmits
 }
 
-fn send(node: &Node, protocol: ProtocolId, transmits: Vec<gossip::Transmit>) {
+/// Hands the batches to the node; returns the peers whose queue refused one (full, or gone).
+fn send(node: &Node, protocol: ProtocolId, transmits: Vec<gossip::Transmit>) -> Vec<PeerId> {
+    let mut refused = Vec::new();
     for transmit in transmits {
-        // A refused peer (full queue, gone) is counted by the node as `send_refused`; a peer
-        // that reconnects catches up on `All` artifacts through fresh adverts.
-        if let Err(error) = node.send_many(&transmit.peers, protocol, transmit.batch) {
-            tracing::debug!(%error, "gossip batch not sent");
+        // A refused peer is counted by the node as `send_refused`; the state machine sends it
+        // the next repair (ihaves of recent `All` artifacts), and a peer that reconnects
+        // catches up through fresh adverts.
+        match node.send_many(&transmit.peers, protocol, transmit.batch) {
+            Ok(report) => refused.extend(report.failed.into_iter().map(|(peer, _)| peer)),
+            Err(error) => tracing::debug!(%error, "gossip batch not sent"),
         }
+    }
+    refused
+}
+
+/// Tells the state machine which peers a batch did not reach.
+fn report_refused(state: &Mutex<State>, refused: Vec<PeerId>) {
+    if refused.is_empty() {
+        return;
+    }
+    let mut state = lock(state);
+    let now = now();
+    for peer in refused {
+        state.machine.handle_send_refused(peer, now);
     }
 }
 
@@ -514,7 +532,8 @@ impl Driver {
                 processor.process(work).await;
             }
         }
-        send(&self.node, self.protocol, transmits);
+        let refused = send(&self.node, self.protocol, transmits);
+        report_refused(&self.state, refused);
         for event in events {
             match event {
                 Event::Delivered {

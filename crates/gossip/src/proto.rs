@@ -321,6 +321,7 @@ impl<V: Validator> Gossip<V> {
             self.schedule_flush(now, false);
         }
         self.tree_peer_down(&peer);
+        self.repair_peer_down(&peer);
         let affected: Vec<ArtifactId> = self
             .pending
             .iter()

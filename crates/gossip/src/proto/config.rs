@@ -147,7 +147,7 @@ impl GossipConfig {
         self.max_pool_bytes
             + self.max_pool_artifacts as u64 * (HELD_ENTRY_BYTES + REPAIR_ENTRY_BYTES)
             + self.max_tombstones as u64 * TOMBSTONE_BYTES
-            + peers as u64 * (per_peer + PEER_BYTES)
+            + peers as u64 * (per_peer + PEER_BYTES + REPAIR_ENTRY_BYTES)
             + peers as u64 * self.max_neighbours as u64 * NEIGHBOUR_ENTRY_BYTES
             + trees
     }

@@ -56,6 +56,9 @@ struct Net {
     wire: TestNet<usize, Bytes>,
     delivered: Vec<Vec<(ArtifactId, ClassId)>>,
     drop_batch: DropRule,
+    /// Whether a dropped batch is reported to its sender as refused (as the driver reports a
+    /// peer's full send queue).
+    report_drops: bool,
 }
 
 impl Net {
@@ -100,6 +103,7 @@ impl Net {
             wire,
             delivered: vec![Vec::new(); count],
             drop_batch: Box::new(|_, _, _| false),
+            report_drops: false,
         }
     }
 
@@ -126,6 +130,9 @@ impl Net {
                         self.wire
                             .send(index, to, transmit.batch.clone())
                             .expect("sent over a link");
+                    } else if self.report_drops {
+                        let now = self.wire.now();
+                        self.nodes[index].handle_send_refused(peer(to), now);
                     }
                 }
             }
@@ -1076,4 +1083,36 @@ fn a_node_that_does_not_announce_its_peers_still_hears_of_every_artifact() {
     assert!(ids.iter().all(|id| net.nodes[3].has(id)));
     assert_eq!(net.nodes[3].neighbour_stats().sent, 0);
     assert!(net.nodes[2].neighbours_of(&peer(3)).is_none());
+}
+
+/// A hub's batch to one of its leaves is refused (a full send queue): reported, the leaf gets
+/// the hub's next repair and the share; unreported, the tick's one random peer is another leaf
+/// and the leaf never hears of it.
+#[test]
+fn a_peer_that_refused_a_batch_gets_the_next_repair() {
+    for report in [true, false] {
+        let links: Vec<(usize, usize)> = (1..9).map(|leaf| (0, leaf)).collect();
+        let mut net = Net::new((0..9).map(|_| accept_all()).collect(), &links);
+        net.run(Duration::from_millis(100));
+        let mut dropped = false;
+        net.drop_batch = Box::new(move |from, to, batch| {
+            let share = decode_batch(batch, &config().batch_limits())
+                .unwrap()
+                .iter()
+                .any(|item| matches!(item, Item::Artifact { .. }));
+            let drop = from == 0 && to == 2 && share && !dropped;
+            dropped |= drop;
+            drop
+        });
+        net.report_drops = report;
+        let id = net.nodes[0]
+            .publish(SHARE, payload(1, 300), net.wire.now())
+            .unwrap();
+        net.run(Duration::from_secs(3));
+        assert_eq!(net.nodes[0].send_refusals(), u64::from(report));
+        assert_eq!(net.nodes[2].has(&id), report, "reported: {report}");
+        for leaf in (1..9).filter(|leaf| *leaf != 2) {
+            assert!(net.nodes[leaf].has(&id));
+        }
+    }
 }
