@@ -27,8 +27,8 @@
 //!
 //! Pull: the first advert of an unknown id creates a pending entry and a request to that
 //! advertiser; later advertisers are remembered (at most `max_advertisers`). If the artifact has not
-//! arrived `request_timeout` later, the next advertiser is asked; when none is left the entry is
-//! dropped and a later advert starts over.
+//! arrived `request_timeout` later, the next advertiser is asked, each about twice in all (below);
+//! when none is left the entry is dropped and a later advert starts over.
 //!
 //! Bounds: every (pending artifact, advertiser) pair takes one slot and the advertised size from
 //! that advertiser's budget (`max_pending_per_peer`, `max_pending_bytes_per_peer`); adverts beyond
@@ -180,7 +180,11 @@
 //!
 //! The first advert of an unknown id triggers a request to that advertiser; up to `max_advertisers`
 //! later advertisers are remembered. If the artifact has not arrived after `request_timeout`, the next
-//! advertiser is asked; when none is left the entry is dropped and a later advert starts over. An
+//! advertiser is asked (the one that timed out goes to the back of the list); once the entry has
+//! sent twice as many requests as it has advertisers, each further timeout forgets its advertiser,
+//! and when none is left the entry is dropped and a later advert starts over. So a lone
+//! advertiser is asked twice: a request or answer lost once (a refused send) costs one
+//! `request_timeout`, not the artifact. An
 //! ihave is handled the same way when the id is missing. When a connection comes up (first time or
 //! after a reconnect), the node sends that peer an ihave of every `Relay::All` artifact it holds and
 //! every artifact it published, so a peer that was partitioned away catches up.

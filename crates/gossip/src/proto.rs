@@ -483,7 +483,7 @@ impl<V: Validator> Gossip<V> {
                     let Some((peer, _)) = pending.requested.take() else {
                         continue;
                     };
-                    self.forget_advertiser(id, peer, now);
+                    self.request_timed_out(id, peer, now);
                 }
             }
         }

@@ -12,6 +12,8 @@ pub(super) struct Pending {
     pub(super) advertisers: Vec<(PeerId, u32)>,
     /// The advertiser asked, and when we give up on it.
     pub(super) requested: Option<(PeerId, Instant)>,
+    /// Requests sent for it so far.
+    pub(super) asked: usize,
 }
 
 impl<V: Validator> Gossip<V> {
@@ -74,6 +76,7 @@ impl<V: Validator> Gossip<V> {
                         class,
                         advertisers: vec![(from, size)],
                         requested: None,
+                        asked: 0,
                     },
                 );
                 self.request_next(id, now);
@@ -93,6 +96,7 @@ impl<V: Validator> Gossip<V> {
         };
         let deadline = now + timeout;
         pending.requested = Some((peer, deadline));
+        pending.asked += 1;
         let class = pending.class;
         self.timers.insert((deadline, Timer::Request, id));
         if let Some(state) = self.peers.get_mut(&peer) {
@@ -102,6 +106,26 @@ impl<V: Validator> Gossip<V> {
         stats.requests_sent += 1;
         stats.bytes_sent += codec::ID_ITEM_LEN as u64;
         self.schedule_flush(now, false);
+    }
+
+    /// `peer` did not answer the request for `id` in time: the request or its answer may have
+    /// been lost (a refused send, a dropped connection). Each advertiser gets two tries on
+    /// average: until the entry has sent twice as many requests as it has advertisers, `peer`
+    /// goes to the back of the list and the next is asked (`peer` again if it is the only
+    /// one); after that `peer` is forgotten.
+    pub(super) fn request_timed_out(&mut self, id: ArtifactId, peer: PeerId, now: Instant) {
+        let Some(pending) = self.pending.get_mut(&id) else {
+            return;
+        };
+        if pending.asked >= 2 * pending.advertisers.len() {
+            self.forget_advertiser(id, peer, now);
+            return;
+        }
+        if let Some(index) = pending.advertisers.iter().position(|(p, _)| *p == peer) {
+            let advertiser = pending.advertisers.remove(index);
+            pending.advertisers.push(advertiser);
+        }
+        self.request_next(id, now);
     }
 
     /// Removes `peer` as an advertiser of `id`, releasing its budget; if it was the one asked,

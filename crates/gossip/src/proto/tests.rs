@@ -835,10 +835,12 @@ proptest! {
             }
             prop_assert!(gossip.memory_bytes() <= config.memory_bound_bytes(3));
         }
-        // Every pending request times out after at most max_advertisers timeouts.
-        now += config.request_timeout * (config.max_advertisers as u32 + 1);
-        gossip.handle_timeout(now);
-        gossip.handle_timeout(now + config.request_timeout * 3);
+        // Every pending entry is dropped after at most 2 × max_advertisers requests (each
+        // advertiser is asked twice on average), one request timeout apart.
+        for _ in 0..=2 * config.max_advertisers {
+            now += config.request_timeout;
+            gossip.handle_timeout(now);
+        }
         prop_assert_eq!(gossip.pending_len(), 0);
         for index in 0..3 {
             prop_assert_eq!(gossip.peer_budget_used(&peer(index)), Some((0, 0)));
@@ -1115,4 +1117,47 @@ fn a_peer_that_refused_a_batch_gets_the_next_repair() {
             assert!(net.nodes[leaf].has(&id));
         }
     }
+}
+
+/// A request (or its answer) lost once does not lose the artifact when its only advertiser is
+/// asked again after the request timeout; an advertiser that never answers is forgotten after
+/// its second try and its budget released.
+#[test]
+fn a_lost_request_is_sent_again_to_the_only_advertiser() {
+    let mut net = Net::new(vec![accept_all(), accept_all()], &[(0, 1)]);
+    let mut dropped = 0;
+    net.drop_batch = Box::new(move |from, _, batch| {
+        let request = decode_batch(batch, &config().batch_limits())
+            .unwrap()
+            .iter()
+            .any(|item| matches!(item, Item::Request(_)));
+        let drop = from == 1 && request && dropped == 0;
+        dropped += usize::from(drop);
+        drop
+    });
+    let id = net.nodes[0]
+        .publish(BLOCK, payload(4, 3000), net.wire.now())
+        .unwrap();
+    net.run(Duration::from_secs(3));
+    assert!(net.nodes[1].has(&id));
+    assert_eq!(net.stats(1, BLOCK).requests_sent, 2);
+
+    // A silent advertiser: asked twice, then forgotten.
+    let mut gossip = Gossip::new(config(), accept_all());
+    let now = Instant::now();
+    gossip.handle_peer_up(peer(1), now);
+    let silent = ArtifactId([5; 32]);
+    let advert = encode_batch(&[Item::Advert {
+        class: BLOCK,
+        id: silent,
+        size: 10,
+    }]);
+    gossip.handle_batch(peer(1), &advert, now).unwrap();
+    let timeout = config().request_timeout;
+    gossip.handle_timeout(now + timeout);
+    assert_eq!(gossip.pending_len(), 1, "asked again");
+    gossip.handle_timeout(now + timeout * 2);
+    assert_eq!(gossip.pending_len(), 0);
+    assert_eq!(gossip.peer_budget_used(&peer(1)), Some((0, 0)));
+    assert_eq!(gossip.stats()[&BLOCK].requests_sent, 2);
 }
