@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use meshwire_proto::PeerId;
 
-use super::{codec, tree::rank, ArtifactId, Gossip, Item, Relay, Timer, Validator};
+use super::{codec, tree::rank, ArtifactId, ClassId, Gossip, Item, Relay, Timer, Validator};
 
 /// The artifacts a node stored recently, oldest first, and when it next sends a repair.
 #[derive(Default)]
@@ -118,25 +118,28 @@ impl<V: Validator> Gossip<V> {
             .copied();
         let targets: BTreeSet<PeerId> = target.into_iter().chain(refused).collect();
         for peer in targets {
-            let items: Vec<Item> = self
+            // The peer it came from holds it.
+            let offers: Vec<(ClassId, Item)> = self
                 .repair
                 .recent
                 .iter()
-                .filter_map(|(_, id)| {
-                    let held = self.pool.get(id)?;
-                    // The peer it came from holds it.
-                    (held.from != Some(peer)).then_some(Item::IHave {
-                        class: held.class,
-                        id: *id,
-                        size: held.payload.len() as u32,
-                    })
+                .filter_map(|(_, id)| self.pool.get(id).map(|held| (id, held)))
+                .filter(|(_, held)| held.from != Some(peer))
+                .map(|(id, held)| {
+                    let size = held.payload.len() as u32;
+                    let class = held.class;
+                    (
+                        class,
+                        Item::IHave {
+                            class,
+                            id: *id,
+                            size,
+                        },
+                    )
                 })
                 .collect();
             let mut sent = false;
-            for item in items {
-                let Item::IHave { class, .. } = item else {
-                    continue;
-                };
+            for (class, item) in offers {
                 if self.queue_relay(peer, class, item) {
                     sent = true;
                     let stats = self.stats.entry(class).or_default();
