@@ -145,19 +145,24 @@ fn lossy_partition_run(seed: u64) {
         }
     }
     net.run(Duration::from_secs(20));
-    for index in 0..NODES {
+    assert_every_node_holds(&net, &published, &format!("seed {seed}: "));
+    // Some shares missed their publisher's copy and came by a pull after an ihave.
+    let pulled: u64 = (0..NODES).map(|i| net.stats(i, SHARE).pulls_received).sum();
+    assert!(pulled > 0);
+}
+
+/// Every node of `net` holds every artifact of `published`.
+fn assert_every_node_holds(net: &Net, published: &[(usize, ArtifactId)], context: &str) {
+    for index in 0..net.nodes.len() {
         let missing: Vec<_> = published
             .iter()
             .filter(|(_, id)| !net.nodes[index].has(id))
             .collect();
         assert!(
             missing.is_empty(),
-            "seed {seed}: node {index} lacks {missing:?}"
+            "{context}node {index} lacks {missing:?}"
         );
     }
-    // Some shares missed their publisher's copy and came by a pull after an ihave.
-    let pulled: u64 = (0..NODES).map(|i| net.stats(i, SHARE).pulls_received).sum();
-    assert!(pulled > 0);
 }
 
 #[test]
@@ -184,13 +189,7 @@ fn relayed_artifacts_reach_nodes_that_leave_and_rejoin() {
         }
     }
     net.run(Duration::from_secs(5));
-    for index in 0..NODES {
-        let missing: Vec<_> = published
-            .iter()
-            .filter(|(_, id)| !net.nodes[index].has(id))
-            .collect();
-        assert!(missing.is_empty(), "node {index} lacks {missing:?}");
-    }
+    assert_every_node_holds(&net, &published, "");
 }
 
 /// A connected graph: node i > 0 links to one node before it, plus extra links; each link has a
