@@ -439,6 +439,8 @@ async fn large_conditional_writes_are_prepared_in_content_files() {
         "{refused:?}"
     );
     assert_eq!(content_files(dirs[1].path()), 1);
+    // A malformed request closes the sender's connection: dial again.
+    support::reconnect_after_close(&daemons[0], &daemons[1]).await;
     // A commit carries no content: one with a body is refused as malformed, its body unread.
     let refused = asker
         .request_parts(
@@ -453,6 +455,7 @@ async fn large_conditional_writes_are_prepared_in_content_files() {
         matches!(&refused, Err(meshwire::RequestError::Remote(reason)) if reason.contains("trailing")),
         "{refused:?}"
     );
+    support::reconnect_after_close(&daemons[0], &daemons[1]).await;
     // A large prepare is held in a file of its own; another coordinator's prepare on the key is
     // answered busy and leaves no file; the abort removes the held one.
     let held = body(4, 200_000);

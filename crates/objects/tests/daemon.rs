@@ -152,6 +152,8 @@ async fn malformed_requests_are_refused_with_typed_errors() {
         matches!(garbage, Err(RequestError::Remote(_))),
         "{garbage:?}"
     );
+    // Each closes the asker's connection: it dials again.
+    support::reconnect_after_close(&daemons[0], &daemons[1]).await;
     let forged = Stamp {
         version: 7,
         hash: content_hash(b"the real content"),
@@ -165,6 +167,7 @@ async fn malformed_requests_are_refused_with_typed_errors() {
         matches!(refused, Err(RequestError::Remote(_))),
         "{refused:?}"
     );
+    support::reconnect_after_close(&daemons[0], &daemons[1]).await;
     assert!(matches!(
         daemons[1].service().get_local("forged"),
         Err(ObjectServiceError::NotFound)

@@ -1,6 +1,6 @@
 //! Anti-entropy on loopback daemons: a replica that missed writes, or became a replica when the
 //! member list changed, converges without any read; malformed digest exchanges are refused,
-//! counted, and cost their request stream, not the connection.
+//! counted, and close the sender's connection; one from another placement keeps it.
 #![cfg(feature = "net")]
 
 use std::collections::BTreeMap;
@@ -17,7 +17,7 @@ use meshwire_objects::proto::object::{self, FetchMode, Refusal, Stamp};
 
 mod support;
 
-use support::mesh;
+use support::{mesh, reconnect_after_close};
 
 const DEADLINE: Duration = Duration::from_secs(5);
 /// How long convergence may take before a test fails (the rounds run every ~200 ms).
@@ -207,7 +207,7 @@ async fn sync(from: &Daemon, to: &Daemon, body: Vec<u8>) -> Result<Bytes, Reques
 }
 
 #[tokio::test]
-async fn malformed_digest_exchanges_are_refused_counted_and_cost_only_their_stream() {
+async fn malformed_digest_exchanges_are_refused_counted_and_close_the_connection() {
     let quiet = ObjectConfig {
         anti_entropy_interval: Duration::ZERO,
         ..ObjectConfig::default()
@@ -262,10 +262,20 @@ async fn malformed_digest_exchanges_are_refused_counted_and_cost_only_their_stre
             &format!("reason=\"{reason}\""),
         );
         let error = sync(&a, &b, body).await.unwrap_err();
+        // Another placement is a member list one side changed first: refused, connection kept.
+        // Everything else broke the protocol: answered, then A's connection is closed.
+        let expected = if reason == "placement_mismatch" {
+            "placement differs"
+        } else {
+            "malformed"
+        };
         assert!(
-            matches!(error, RequestError::Remote(ref text) if text.contains("malformed")),
+            matches!(error, RequestError::Remote(ref text) if text.contains(expected)),
             "{reason}: {error:?}"
         );
+        if reason != "placement_mismatch" {
+            reconnect_after_close(&a, &b).await;
+        }
         assert_eq!(
             counted(
                 &b,

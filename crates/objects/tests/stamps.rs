@@ -210,7 +210,8 @@ async fn a_stamps_request_over_the_key_limit_is_refused_as_malformed() {
         ),
         1
     );
-    // The replica still answers a well-formed request on the same connection.
+    // It closed the connection: the asker dials again and is answered.
+    support::reconnect_after_close(asker, replica).await;
     let request = stamps::encode_stamps_request(asker.service().clock(), &keys[..2]);
     let reply = asker
         .node()

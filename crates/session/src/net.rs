@@ -159,7 +159,7 @@ pub struct HostStats {
     /// Relay requests refused: the relay was full (in total or for the asking peer), the other
     /// end unreachable, or the path relayed between other ends.
     pub relay_requests_refused: AtomicU64,
-    /// Relay requests that do not decode (answered with an error; the connection stays).
+    /// Relay requests that do not decode (answered with an error, then the connection closes).
     pub relay_requests_malformed: AtomicU64,
     /// Relay datagrams dropped by the per-path token bucket.
     pub relay_rate_limited: AtomicU64,

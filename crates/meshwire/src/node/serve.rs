@@ -22,6 +22,10 @@ use crate::framing::{
 /// Stream reset code: the request took too long to arrive.
 const RESET_REQUEST_TIMEOUT: u32 = 1;
 
+/// How long the answer to a malformed request may take to be acknowledged before the
+/// connection closes anyway.
+const MALFORMED_ANSWER_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A boxed error a service's handler fails with.
 pub type ServiceError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -33,12 +37,28 @@ pub enum HandlerError {
     /// The service behind the handler has stopped.
     #[error("the service has stopped")]
     Stopped,
-    /// The request body does not decode.
+    /// The request does not decode: the peer broke the protocol. The caller gets this error's
+    /// text as the answer, then the node closes the connection with
+    /// [`crate::CLOSE_PROTOCOL_VIOLATION`] (reason `malformed_request`, counted in
+    /// `meshwire_frame_errors_total`). A request that is well formed but refused is
+    /// [`HandlerError::Failed`] or an answer of the service's own, and keeps the connection.
     #[error("malformed request: {0}")]
     Malformed(#[source] ServiceError),
     /// The service failed to serve the request.
     #[error(transparent)]
     Failed(ServiceError),
+}
+
+impl HandlerError {
+    /// The error for a request body that could not be read: one shorter than its own fields or
+    /// its frame announce is malformed (the peer broke the protocol); a stream that failed or
+    /// timed out is not the request's fault, and fails it without closing the connection.
+    pub fn from_body(error: super::streamed::BodyError) -> Self {
+        match error {
+            super::streamed::BodyError::Truncated { .. } => Self::Malformed(Box::new(error)),
+            _ => Self::Failed(Box::new(error)),
+        }
+    }
 }
 
 /// An answer in two pieces, written one after the other (see [`Node::handle_parts`]).
@@ -317,6 +337,7 @@ impl Inner {
                 ),
             )
         };
+        let malformed = matches!(answer, Some(Err(HandlerError::Malformed(_))));
         let (kind, body) = match answer {
             None => error(
                 ErrorCode::NoHandler,
@@ -345,6 +366,12 @@ impl Inner {
             &limits,
         )
         .await;
+        if malformed {
+            // The reason first (bounded: a peer that never acknowledges it waits no longer),
+            // then the connection: one that sent a malformed request is not trusted with more.
+            let _ = tokio::time::timeout(MALFORMED_ANSWER_LINGER, send.stopped()).await;
+            self.protocol_violation(&connection, remote, "malformed_request");
+        }
     }
 
     #[allow(clippy::too_many_arguments)]

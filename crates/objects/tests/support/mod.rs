@@ -40,3 +40,28 @@ pub async fn members_meshed(daemons: &[Daemon]) {
     }
     mesh(&daemons.iter().collect::<Vec<_>>()).await;
 }
+
+/// Waits for `to` to close `from`'s connection (as it does after a malformed request), then
+/// dials it again.
+pub async fn reconnect_after_close(from: &Daemon, to: &Daemon) {
+    let (from_id, to_id) = (from.node().peer_id(), to.node().peer_id());
+    tokio::time::timeout(PATIENCE, async {
+        while to.node().connected_peers().contains(&from_id) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        while from.node().connected_peers().contains(&to_id) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("a malformed exchange's sender is still connected");
+    let address = to.node().local_addr().unwrap();
+    from.node().connect(address, to_id).await.unwrap();
+    tokio::time::timeout(PATIENCE, async {
+        while !to.node().connected_peers().contains(&from_id) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the sender could not dial again");
+}

@@ -173,7 +173,7 @@ impl ObjectService {
         mut body: RequestBody,
     ) -> Result<Bytes, HandlerError> {
         let malformed = |error| self.malformed(peer, error);
-        let read_failed = |error| HandlerError::Malformed(Box::new(error));
+        let read_failed = HandlerError::from_body;
         let fixed = body
             .read_exact(cas::CAS_FIXED_LEN)
             .await

@@ -602,7 +602,7 @@ impl ObjectService {
 
     /// Answers `peer`'s digests with the entries of the buckets that differ, or refuses them. A
     /// malformed exchange or one from another placement is an error: counted, and the request's
-    /// stream ends with it; the connection stays.
+    /// stream ends with it; after a malformed one the connection closes too.
     pub async fn serve_sync(&self, peer: PeerId, body: Bytes) -> Result<Bytes, HandlerError> {
         let request = match entropy::decode_digests(&body) {
             Ok(request) => request,
@@ -638,9 +638,15 @@ impl ObjectService {
         )))
     }
 
+    /// Counts a refused exchange. One that does not decode, or lists buckets outside its own
+    /// range, broke the protocol: the node answers it and closes the connection. Another
+    /// placement is a member list that changed on one side first, so the connection stays.
     fn entropy_error(&self, peer: PeerId, error: EntropyError) -> HandlerError {
         self.count_entropy_error(peer, &error);
-        HandlerError::Malformed(Box::new(error))
+        match error {
+            EntropyError::PlacementMismatch => HandlerError::Failed(Box::new(error)),
+            _ => HandlerError::Malformed(Box::new(error)),
+        }
     }
 
     fn count_entropy_error(&self, peer: PeerId, error: &EntropyError) {

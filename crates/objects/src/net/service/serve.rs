@@ -169,18 +169,25 @@ impl ObjectService {
 
     /// Counts a request from `peer` that does not decode in
     /// `meshwire_object_refused_requests_total{reason="malformed"}` and answers it with the error.
-    /// Like a malformed digest exchange it costs only its request stream: the connection stays.
-    /// Logged at debug, so a flood of them does not flood the log.
+    /// The node then closes the connection (`meshwire_frame_errors_total{reason="malformed_request"}`):
+    /// a peer that sent one broke the protocol. Content over this node's `max_object_bytes` is
+    /// only a limit another member may not share: counted as `reason="too_large"` and answered,
+    /// and the connection stays. Logged here at debug; the close is logged at warn.
     pub(super) fn malformed(&self, peer: PeerId, error: ObjectError) -> HandlerError {
+        let reason = match error {
+            ObjectError::TooLarge { .. } => "too_large",
+            _ => "malformed",
+        };
         self.inner
             .metrics
             .refused_requests
-            .get_or_create(&ReasonLabel {
-                reason: "malformed",
-            })
+            .get_or_create(&ReasonLabel { reason })
             .inc();
-        tracing::debug!(%peer, %error, "malformed object request");
-        HandlerError::Malformed(Box::new(error))
+        tracing::debug!(%peer, %error, reason, "object request refused");
+        match error {
+            ObjectError::TooLarge { .. } => HandlerError::Failed(Box::new(error)),
+            _ => HandlerError::Malformed(Box::new(error)),
+        }
     }
 
     /// Counts and logs a request from `peer` refused for `reason`: at warn once a minute per peer

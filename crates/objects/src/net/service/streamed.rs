@@ -336,7 +336,7 @@ impl ObjectService {
         for part in head {
             whole.extend_from_slice(part);
         }
-        while let Some(piece) = body.next_piece().await.map_err(body_failed)? {
+        while let Some(piece) = body.next_piece().await.map_err(HandlerError::from_body)? {
             whole.extend_from_slice(&piece);
         }
         Ok(whole.freeze())
@@ -352,7 +352,7 @@ impl ObjectService {
         hash: ContentHash,
     ) -> Result<WrittenContent, HandlerError> {
         let written = self.body_to_file(body).await.map_err(|error| match error {
-            BodyToFile::Body(error) => body_failed(error),
+            BodyToFile::Body(error) => HandlerError::from_body(error),
             BodyToFile::Writer(error) => HandlerError::Failed(Box::new(error)),
         })?;
         if written.hash() != hash {
@@ -388,12 +388,12 @@ impl ObjectService {
         let fixed = body
             .read_exact(object::STORE_FIXED_LEN)
             .await
-            .map_err(|error| HandlerError::Malformed(Box::new(error)))?;
+            .map_err(HandlerError::from_body)?;
         let (clock, stamp, key_len) = object::decode_store_fixed(&fixed).map_err(malformed)?;
         let key_bytes = body
             .read_exact(key_len)
             .await
-            .map_err(|error| HandlerError::Malformed(Box::new(error)))?;
+            .map_err(HandlerError::from_body)?;
         let len = body.remaining();
         let max = self.inner.config.max_object_bytes;
         if len > max as u64 {
@@ -430,10 +430,6 @@ impl ObjectService {
 enum BodyToFile {
     Body(meshwire::BodyError),
     Writer(ObjectServiceError),
-}
-
-fn body_failed(error: meshwire::BodyError) -> HandlerError {
-    HandlerError::Failed(Box::new(error))
 }
 
 /// A read's content: as this node's store gives it, or arriving from a replica that holds it.
