@@ -177,6 +177,7 @@
 //! | 404 | `not_found` | no replica (or, local read, this node) holds the key | |
 //! | 404 | `no_route` | any other path | |
 //! | 405 | `method_not_allowed` | a method the route does not serve (header `Allow`) | |
+//! | 400 | `bad_body` | a PUT or publish body that broke off or is badly framed (a bad chunk, a connection that ended mid-body) | |
 //! | 408 | `body_timeout` | the body paused too long or arrived too slowly; the connection closes | `reason` |
 //! | 409 | `conflict` | a conditional write: other conditional writes on the key held too many replicas; nothing was written, retry | `needed`, `prepared` |
 //! | 409 | `superseded` | a write: a newer write of the key won on so many replicas that W acks became impossible; this write will not be read, so do not retry it unchanged (that would overwrite the newer one) | `needed`, `reached` (acks), `asked`, `superseded`, `outcome: "superseded"` |
@@ -192,6 +193,13 @@
 //! | 502 | `content_unavailable` | the quorum agreed on a copy but no holder delivered its content | |
 //! | 500 | `store_error` | the local store failed or holds a corrupt record | |
 //! | 500 | `clock_exhausted` | this node's hybrid clock reached `u64::MAX - 1` and cannot version a write | |
+//! | 415 | `unsupported_media_type` | a content type a route does not take | |
+//! | 500 | `internal_error` | any other server-side failure | |
+//!
+//! Every error answer a request gets is counted by its code in
+//! `meshwire_http_errors_total{status, error}` (those before a handler runs too: `401`, `404
+//! no_route`, `405`, `503 busy`); refusals of whole connections, and requests hyper cannot parse,
+//! in `meshwire_http_refused_total{reason}`.
 //!
 //! A request hyper cannot parse at all (a malformed request line, raw non-UTF-8 bytes in the
 //! path rather than `%FF`, more than 100 header lines or a head over hyper's buffer, a URI over

@@ -533,6 +533,27 @@ async fn errors_before_a_handler_are_json_too() {
     assert!(method.header("allow").is_some_and(|v| v.contains("GET")));
     let nowhere = exchange(address, &get("/nowhere", "")).await;
     assert_eq!(nowhere.error_code(), "no_route");
+    // Each is counted by its status and code.
+    let metrics = daemon.http_metrics().unwrap();
+    for (status, code) in [
+        (400, "invalid_path"),
+        (400, "bad_request"),
+        (405, "method_not_allowed"),
+        (404, "no_route"),
+    ] {
+        assert_eq!(metrics.error_count(status, code), 1, "{status} {code}");
+    }
+    // A chunked body with a chunk that is not hex breaks off: 400 bad_body, not 413, counted.
+    let bad_chunk = exchange(
+        address,
+        "PUT /objects/chunks HTTP/1.1\r\nHost: node\r\nTransfer-Encoding: chunked\r\n\
+         Connection: close\r\n\r\n5\r\nhello\r\nzz\r\n",
+    )
+    .await;
+    assert_eq!(bad_chunk.status, 400);
+    assert_eq!(bad_chunk.error_code(), "bad_body");
+    assert_eq!(metrics.error_count(400, "bad_body"), 1);
+    assert_eq!(metrics.error_count(413, "too_large"), 0);
     daemon.shutdown().await.unwrap();
 }
 

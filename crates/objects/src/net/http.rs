@@ -119,10 +119,10 @@ impl BodyBudget {
             .ok_or_else(|| BodyRefused::Answer(self.busy()))?;
         match axum::body::to_bytes(body, max).await {
             Ok(content) => Ok((content, reserved)),
-            Err(failure) if limits::body_timeout(&failure).is_some() => {
-                Err(BodyRefused::Answer(body_failure(&failure, max)))
+            Err(failure) if limits::over_length_limit(&failure) => {
+                Err(BodyRefused::TooLarge { len: max + 1 })
             }
-            Err(_) => Err(BodyRefused::TooLarge { len: max + 1 }),
+            Err(failure) => Err(BodyRefused::Answer(body_failure(&failure, max))),
         }
     }
 
@@ -183,8 +183,11 @@ pub(crate) fn router(
                 next,
             )
         }))
-        .layer(middleware::from_fn_with_state(gate, auth::check))
-        .layer(middleware::map_response(errors::json_errors))
+        .layer(middleware::from_fn_with_state(gate.clone(), auth::check))
+        .layer(middleware::map_response_with_state(
+            gate.metrics().clone(),
+            errors::json_errors,
+        ))
 }
 
 /// Holds one of the concurrent-request slots while the request runs; none left: `503 busy`.
@@ -499,9 +502,18 @@ async fn metrics(State(service): State<ObjectService>, headers: HeaderMap) -> Re
 
 pub use crate::proto::headers::prefers_openmetrics;
 
-/// The answer to a PUT whose body could not be read: cut off by a body timeout (`408`), or over
-/// the size limit (`413`).
+/// The answer to a PUT whose body could not be read: cut off by a body timeout (`408`), over the
+/// size limit (`413`), or broken off or badly framed (`400 bad_body`: a bad chunk, a connection
+/// that ended mid-body).
 fn body_failure(failure: &axum::Error, max: usize) -> Response {
+    if !limits::over_length_limit(failure) && limits::body_timeout(failure).is_none() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_body",
+            format!("the request body could not be read: {failure}"),
+            json!({}),
+        );
+    }
     match limits::body_timeout(failure) {
         Some(timeout) => {
             let mut response = error(

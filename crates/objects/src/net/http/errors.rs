@@ -1,7 +1,7 @@
 //! Answer every HTTP error as JSON `{"error": code, "message": text, ...}`, including the ones
 //! axum produces before a handler runs (rejections, unknown methods).
 
-use axum::extract::{FromRequestParts, Path};
+use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -9,6 +9,7 @@ use axum::Json;
 use serde_json::json;
 
 use super::limits::HttpLimits;
+use super::serve::HttpMetrics;
 use crate::net::service::ObjectServiceError;
 
 /// Longest message taken over from a non-JSON error body.
@@ -25,8 +26,14 @@ pub(crate) fn error(
     if let (Some(body), serde_json::Value::Object(extra)) = (body.as_object_mut(), extra) {
         body.extend(extra);
     }
-    (status, Json(body)).into_response()
+    let mut response = (status, Json(body)).into_response();
+    response.extensions_mut().insert(ErrorName(code.to_owned()));
+    response
 }
+
+/// The code of a JSON error answer, for the count of error answers ([`json_errors`]).
+#[derive(Debug, Clone)]
+pub(crate) struct ErrorName(pub String);
 
 /// The JSON body of `503 busy`.
 pub(crate) fn busy_json(retry_after: u64) -> serde_json::Value {
@@ -47,6 +54,9 @@ pub(crate) fn busy(limits: &HttpLimits) -> Response {
         Json(busy_json(retry_after)),
     )
         .into_response();
+    response
+        .extensions_mut()
+        .insert(ErrorName("busy".to_owned()));
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
@@ -179,14 +189,27 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyPath {
 }
 
 /// Turns an error answer that is not JSON (axum's rejections, `405`) into the JSON form, keeping
-/// its status and headers (`Allow` on a `405`) and its text as the message.
-pub(crate) async fn json_errors(response: Response) -> Response {
+/// its status and headers (`Allow` on a `405`) and its text as the message, and counts every
+/// error answer by status and code in `meshwire_http_errors_total`.
+pub(crate) async fn json_errors(
+    State(metrics): State<HttpMetrics>,
+    response: Response,
+) -> Response {
     let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    if let Some(ErrorName(code)) = response.extensions().get::<ErrorName>() {
+        metrics.count_error(status.as_u16(), code);
+        return response;
+    }
     let is_json = response
         .headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|value| value.as_bytes().starts_with(b"application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || is_json {
+    if is_json {
+        // A JSON error made without `error` (none today): counted under its status alone.
+        metrics.count_error(status.as_u16(), "unnamed");
         return response;
     }
     let (parts, body) = response.into_parts();
@@ -205,6 +228,7 @@ pub(crate) async fn json_errors(response: Response) -> Response {
         status if status.is_server_error() => "internal_error",
         _ => "bad_request",
     };
+    metrics.count_error(status.as_u16(), code);
     let body = error(status, code, text, json!({})).into_body();
     let mut parts = parts;
     parts.headers.remove(header::CONTENT_LENGTH);

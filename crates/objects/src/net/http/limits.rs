@@ -295,6 +295,18 @@ pub(crate) fn body_timeout(error: &(dyn std::error::Error + 'static)) -> Option<
     None
 }
 
+/// Whether `error`, or an error it wraps, is a body over the size limit it was read under.
+pub(crate) fn over_length_limit(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if error.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        current = error.source();
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

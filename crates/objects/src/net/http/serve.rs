@@ -88,16 +88,23 @@ struct ReasonLabel {
     reason: &'static str,
 }
 
-/// The HTTP API's own metrics: refusals by reason and open connections.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabel {
+    status: u16,
+    error: String,
+}
+
+/// The HTTP API's own metrics: refusals by reason, error answers by code, open connections.
 #[derive(Debug, Clone, Default)]
 pub struct HttpMetrics {
     refused: Family<ReasonLabel, Counter>,
+    errors: Family<ErrorLabel, Counter>,
     connections: Gauge,
 }
 
 impl HttpMetrics {
-    /// Registers `meshwire_http_refused_total{reason}` and `meshwire_http_connections` on the
-    /// node's registry.
+    /// Registers `meshwire_http_refused_total{reason}`, `meshwire_http_errors_total{status,
+    /// error}` and `meshwire_http_connections` on the node's registry.
     pub fn register(node: &meshwire::Node) -> Self {
         let metrics = Self::default();
         node.metrics().register_with(|registry| {
@@ -105,6 +112,11 @@ impl HttpMetrics {
                 "http_refused",
                 "HTTP connections and requests refused or cut off, by reason",
                 metrics.refused.clone(),
+            );
+            registry.register(
+                "http_errors",
+                "HTTP error answers (4xx and 5xx), by status and error code",
+                metrics.errors.clone(),
             );
             registry.register(
                 "http_connections",
@@ -118,6 +130,24 @@ impl HttpMetrics {
     /// Counts one refusal for `reason`.
     pub fn refuse(&self, reason: &'static str) {
         self.refused.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Counts one error answer of `status` with code `error`.
+    pub fn count_error(&self, status: u16, error: &str) {
+        let label = ErrorLabel {
+            status,
+            error: error.to_owned(),
+        };
+        self.errors.get_or_create(&label).inc();
+    }
+
+    /// Current value of `meshwire_http_errors_total{status, error}`.
+    pub fn error_count(&self, status: u16, error: &str) -> u64 {
+        let label = ErrorLabel {
+            status,
+            error: error.to_owned(),
+        };
+        self.errors.get_or_create(&label).get()
     }
 
     /// Current value of `meshwire_http_refused_total{reason}`.
