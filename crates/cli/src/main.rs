@@ -162,10 +162,13 @@ async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
             .path
             .as_ref()
             .map_or_else(|| "(memory)".to_string(), |p| p.display().to_string());
-        let required = if daemon.http_token_required() {
-            "required on every request"
-        } else {
-            "optional on loopback"
+        let loopback = daemon
+            .http_address()
+            .is_some_and(|address| address.ip().is_loopback());
+        let required = match (daemon.http_token_required(), loopback) {
+            (true, _) => "required on every request",
+            (false, true) => "optional on loopback",
+            (false, false) => "NOT required: --danger-http-without-token, anyone can write",
         };
         // The secret itself is printed once, when it is created; afterwards only its file.
         if token.created {

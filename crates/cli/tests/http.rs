@@ -780,6 +780,31 @@ fn a_non_loopback_http_address_without_a_token_is_refused() {
     assert!(stderr.contains("--danger-http-without-token"), "{stderr}");
 }
 
+/// With the danger setting the node serves a non-loopback address without a token, and says so
+/// loudly: a warning in its log and "NOT required" where it prints the token.
+#[test]
+fn the_danger_setting_serves_without_a_token_and_warns() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_tcp().port();
+    let config = "[http]\nrequire_token = false\ndanger_allow_unauthenticated = true\n";
+    let mut child = node_with(config, &format!("0.0.0.0:{port}"), dir.path());
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("HTTP token") {
+        line.clear();
+        let read = std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert!(read > 0, "the node printed no token line");
+    }
+    assert!(line.contains("NOT required"), "{line}");
+    // Reached over loopback only (the test's traffic stays on this machine).
+    let address: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    wait_serving(address);
+    assert_eq!(with_header(address, "/status", "").status, 200);
+    stop_with(&mut child, "TERM");
+    let stderr = stderr_of(&mut child);
+    assert!(stderr.contains("DANGER"), "{stderr}");
+}
+
 /// Opens `GET /topics/{topic}/events` and returns the connection once the stream has started.
 fn subscribe(address: SocketAddr, topic: &str) -> TcpStream {
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2)).unwrap();
