@@ -707,7 +707,8 @@ async fn metrics_speak_prometheus_text_and_openmetrics() {
             );
         }
     }
-    // A real OpenMetrics parser, where one is installed (CI installs python3-prometheus-client):
+    // A real OpenMetrics parser, where one is installed (`.ci/run` installs
+    // python3-prometheus-client and then requires it):
     // the reference client's parser rejects any line the format does not allow.
     match openmetrics_families(&body) {
         Some(families) => {
@@ -720,9 +721,15 @@ async fn metrics_speak_prometheus_text_and_openmetrics() {
                 assert!(families.contains(family), "{family} missing: {families:?}");
             }
         }
+        // `.ci/run` sets this once it has installed the parser: then a missing one fails.
+        None if std::env::var_os("MESHWIRE_REQUIRE_OPENMETRICS_PARSER").is_some() => panic!(
+            "MESHWIRE_REQUIRE_OPENMETRICS_PARSER is set but no python3 with prometheus_client \
+             runs here (apt-get install python3-prometheus-client, or pip install \
+             prometheus_client)"
+        ),
         None => println!(
             "skipped: the OpenMetrics parser check needs python3 with prometheus_client \
-             (apt-get install python3-prometheus-client)"
+             (apt-get install python3-prometheus-client, or pip install prometheus_client)"
         ),
     }
     daemon.shutdown().await.unwrap();
