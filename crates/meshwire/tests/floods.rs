@@ -468,6 +468,11 @@ fn request_floods_at_every_reserved_protocol() {
         refused
     });
     assert_eq!(refused, messages, "every request is refused (no handler)");
+    assert_eq!(
+        arena.victim.metrics().dropped_count("no_handler"),
+        messages as u64,
+        "every refusal is counted"
+    );
     arena.honest_is_served();
     let peak = tracked_live_and_peak().1;
     let after = arena.settled_heap();

@@ -338,6 +338,9 @@ impl Inner {
             )
         };
         let malformed = matches!(answer, Some(Err(HandlerError::Malformed(_))));
+        if answer.is_none() {
+            self.metrics.drop_message("no_handler");
+        }
         let (kind, body) = match answer {
             None => error(
                 ErrorCode::NoHandler,
