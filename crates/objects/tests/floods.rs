@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use meshwire::protocols::{
-    OBJECT_CAS as CAS, OBJECT_FETCH as FETCH, OBJECT_STORE as STORE, OBJECT_SYNC as SYNC,
+    OBJECT_CAS as CAS, OBJECT_FETCH as FETCH, OBJECT_STAMPS as STAMPS, OBJECT_STORE as STORE,
+    OBJECT_SYNC as SYNC,
 };
 use meshwire::{Keypair, Limits, Node, NodeConfig, PeerId, ProtocolId, RequestError};
 use meshwire_alloc_count::{
@@ -25,6 +26,7 @@ use meshwire_objects::net::{Daemon, ObjectConfig};
 use meshwire_objects::proto::cas::{self, Phase, Precondition};
 use meshwire_objects::proto::entropy::{self, ExchangeLimits, Summary};
 use meshwire_objects::proto::object::{self, content_hash, FetchMode, Fetched, Refusal, Stamp};
+use meshwire_objects::proto::stamps;
 use tokio::runtime::Runtime;
 
 #[global_allocator]
@@ -299,7 +301,7 @@ fn object_request(i: usize) -> (ProtocolId, Bytes) {
         version: 1,
         hash: content_hash(content),
     };
-    let body = match i % 4 {
+    let body = match i % 5 {
         0 => (FETCH, object::encode_fetch(1, FetchMode::Full, &key)),
         1 => {
             let mut body = object::encode_store_header(1, &key, &stamp);
@@ -312,6 +314,10 @@ fn object_request(i: usize) -> (ProtocolId, Bytes) {
             body.extend_from_slice(content);
             (CAS, body)
         }
+        3 => (
+            STAMPS,
+            stamps::encode_stamps_request(1, &[key.clone(), format!("{key}-b")]),
+        ),
         _ => {
             let placement = entropy::placement_id(&[], 3);
             let digests = Summary::new(8).unwrap();
@@ -335,6 +341,8 @@ fn refused_for(protocol: ProtocolId, reply: &[u8], reason: Refusal) -> bool {
         object::decode_stored(reply).unwrap().answer.err()
     } else if protocol == CAS {
         cas::decode_cas_answer(reply).unwrap().1.err()
+    } else if protocol == STAMPS {
+        stamps::decode_stamps_answer(reply, 2).unwrap().answer.err()
     } else {
         entropy::decode_entries(reply, 8, ExchangeLimits::default())
             .unwrap()
@@ -344,8 +352,8 @@ fn refused_for(protocol: ProtocolId, reply: &[u8], reason: Refusal) -> bool {
     refusal == Some(reason)
 }
 
-/// A non-member's fetch, store, conditional-write and digest requests are all refused before the
-/// store is touched, and counted as `not_member`.
+/// A non-member's fetch, store, conditional-write, stamps and digest requests are all refused
+/// before the store is touched, and counted as `not_member`.
 #[test]
 fn a_non_member_flooding_every_object_request_is_refused() {
     let mut arena = Arena::new(OUTSIDER, Limits::default());
