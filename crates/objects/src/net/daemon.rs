@@ -275,8 +275,14 @@ impl DaemonBuilder {
                     source,
                 })?;
                 let path = dir.join(STORE_FILE);
-                Store::open(&path, self.memory_bytes)
-                    .map_err(|source| DaemonError::Store { path, source })?
+                // Opening reads and checks the whole file: off the async workers.
+                let (opened, memory) = (path.clone(), self.memory_bytes);
+                let open = tokio::task::spawn_blocking(move || Store::open(&opened, memory));
+                let store = match open.await {
+                    Ok(store) => store,
+                    Err(failure) => std::panic::resume_unwind(failure.into_panic()),
+                };
+                store.map_err(|source| DaemonError::Store { path, source })?
             }
             None => Store::in_memory(self.memory_bytes).map_err(DaemonError::MemoryStore)?,
         };

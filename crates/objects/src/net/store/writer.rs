@@ -121,8 +121,20 @@ impl WrittenContent {
 }
 
 impl Drop for WrittenContent {
+    /// Removes the file of content never committed. Dropped on an async worker (a request that
+    /// failed), the unlink (which can take milliseconds for a large file) runs under
+    /// `block_in_place`, so the worker's other tasks move on meanwhile; it still finishes before
+    /// the drop returns, so no answer goes out ahead of it.
     fn drop(&mut self) {
-        if !self.path.as_os_str().is_empty() {
+        if self.path.as_os_str().is_empty() {
+            return;
+        }
+        let on_worker = tokio::runtime::Handle::try_current().is_ok_and(|handle| {
+            handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+        });
+        if on_worker {
+            tokio::task::block_in_place(|| super::files::remove(&self.path));
+        } else {
             super::files::remove(&self.path);
         }
     }
