@@ -164,6 +164,13 @@ impl GossipMetrics {
     fn register(node: &Node) -> Self {
         let metrics = Self::default();
         node.metrics().register_with(|registry| {
+            // meshwire_gossip_bytes_total, with its unit in OpenMetrics' `# UNIT` line.
+            registry.register_with_unit(
+                "gossip",
+                "Gossip item bytes",
+                prometheus_client::registry::Unit::Bytes,
+                metrics.bytes.clone(),
+            );
             let registry = registry.sub_registry_with_prefix("gossip");
             let families = [
                 ("adverts", "Adverts, counted per peer", &metrics.adverts),
@@ -189,7 +196,6 @@ impl GossipMetrics {
                     "Artifacts the validator rejected",
                     &metrics.rejected,
                 ),
-                ("bytes", "Gossip item bytes", &metrics.bytes),
             ];
             for (name, help, family) in families {
                 registry.register(name, help, family.clone());

@@ -107,6 +107,9 @@ async fn all_artifacts_cross_a_line_and_origin_artifacts_stop_at_the_first_hop()
         text.contains("meshwire_gossip_adverts_total{class=\"2\",direction=\"sent\"} 1"),
         "{text}"
     );
+    // Bytes carry their unit: the name ends in _bytes_total, and OpenMetrics says # UNIT.
+    assert!(text.contains("meshwire_gossip_bytes_total{"), "{text}");
+    assert!(text.contains("# UNIT meshwire_gossip_bytes bytes"), "{text}");
 }
 
 #[tokio::test]

@@ -437,14 +437,16 @@ impl ObjectService {
                 "Copies anti-entropy pulled here or pushed to a member, by direction",
                 metrics.entropy_repaired.clone(),
             );
-            registry.register(
-                "object_anti_entropy_sent_bytes",
+            registry.register_with_unit(
+                "object_anti_entropy_sent",
                 "Payload bytes of the anti-entropy exchanges this node started, sent (digests, pull and push requests)",
+                prometheus_client::registry::Unit::Bytes,
                 metrics.entropy_sent_bytes.clone(),
             );
-            registry.register(
-                "object_anti_entropy_received_bytes",
+            registry.register_with_unit(
+                "object_anti_entropy_received",
                 "Payload bytes of the anti-entropy exchanges this node started, received (listings, pulled copies, answers)",
+                prometheus_client::registry::Unit::Bytes,
                 metrics.entropy_received_bytes.clone(),
             );
             registry.register(
