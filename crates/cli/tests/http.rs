@@ -706,20 +706,27 @@ fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
 }
 
 fn with_header(address: SocketAddr, path: &str, header: &str) -> Response {
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n{header}\r\n");
+    raw_exchange(address, request.as_bytes()).expect("an answer")
+}
+
+/// Sends `request` as it is on a new connection and reads until the node closes it (at most
+/// 15 s): the answer, or `None` when the node closed it without one.
+fn raw_exchange(address: SocketAddr, request: &[u8]) -> Option<Response> {
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2)).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(15)))
         .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n{header}\r\n"
-    )
-    .unwrap();
+    stream.write_all(request).unwrap();
     let mut raw = Vec::new();
     let _ = stream.read_to_end(&mut raw);
+    if raw.is_empty() {
+        return None;
+    }
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
     let head = String::from_utf8_lossy(&raw[..split]).to_string();
-    Response {
+    Some(Response {
         status: head.split_whitespace().nth(1).unwrap().parse().unwrap(),
         headers: head
             .lines()
@@ -728,7 +735,7 @@ fn with_header(address: SocketAddr, path: &str, header: &str) -> Response {
             .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
             .collect(),
         body: raw[split + 4..].to_vec(),
-    }
+    })
 }
 
 #[test]
@@ -778,6 +785,41 @@ fn a_non_loopback_http_address_without_a_token_is_refused() {
     let stderr = stderr_of(&mut child);
     assert!(stderr.contains("not a loopback address"), "{stderr}");
     assert!(stderr.contains("--danger-http-without-token"), "{stderr}");
+}
+
+/// The HTTP limits on a real node process: a half-sent head is cut off unanswered, a body that
+/// stops short of its Content-Length gets `408 body_timeout`, and a connection past the
+/// per-client cap gets `503 busy` with `Retry-After`; the node then serves as before.
+#[test]
+fn a_node_process_cuts_off_slow_clients_and_answers_busy_past_its_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let http_address = free_tcp();
+    let config = "[http]\nheader_read_timeout_ms = 500\nbody_idle_timeout_ms = 500\n\
+                  max_connections_per_client = 4\n";
+    let mut child = node_with(config, &http_address.to_string(), dir.path());
+    wait_serving(http_address);
+    let half_head = raw_exchange(http_address, b"GET /status HTTP/1.1\r\nHost: node\r\n");
+    assert!(half_head.is_none(), "a half-sent head was answered");
+    let liar = raw_exchange(
+        http_address,
+        b"PUT /objects/liar HTTP/1.1\r\nHost: node\r\nContent-Length: 100\r\n\r\n0123456789",
+    )
+    .expect("an answer to a body that stopped");
+    assert_error(&liar, 408, "body_timeout");
+    // The connections above are gone (their slots freed a moment after they close). Then four
+    // idle connections fill this address's share; the fifth is answered busy.
+    std::thread::sleep(Duration::from_millis(200));
+    let held: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect_timeout(&http_address, Duration::from_secs(2)).unwrap())
+        .collect();
+    let busy = raw_exchange(http_address, b"").expect("a busy answer");
+    assert_error(&busy, 503, "busy");
+    assert!(busy.header("retry-after").is_some());
+    drop(held);
+    assert!(eventually(|| with_header(http_address, "/status", "")
+        .status
+        == 200));
+    stop_with(&mut child, "TERM");
 }
 
 /// With the danger setting the node serves a non-loopback address without a token, and says so
