@@ -43,6 +43,7 @@ pub async fn members_meshed(daemons: &[Daemon]) {
 
 /// Waits for `to` to close `from`'s connection (as it does after a malformed request), then
 /// dials it again.
+#[allow(dead_code)] // each test file compiles this module; not all of them use this
 pub async fn reconnect_after_close(from: &Daemon, to: &Daemon) {
     let (from_id, to_id) = (from.node().peer_id(), to.node().peer_id());
     tokio::time::timeout(PATIENCE, async {
