@@ -109,7 +109,10 @@ async fn all_artifacts_cross_a_line_and_origin_artifacts_stop_at_the_first_hop()
     );
     // Bytes carry their unit: the name ends in _bytes_total, and OpenMetrics says # UNIT.
     assert!(text.contains("meshwire_gossip_bytes_total{"), "{text}");
-    assert!(text.contains("# UNIT meshwire_gossip_bytes bytes"), "{text}");
+    assert!(
+        text.contains("# UNIT meshwire_gossip_bytes bytes"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
