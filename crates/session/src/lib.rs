@@ -224,10 +224,14 @@
 //!   at most 64 paths (16 asked for by any one peer, so one peer flooding relay requests cannot
 //!   take every place), forgetting agreements idle for 30 s. Refused, rate-limited and unsendable
 //!   datagrams are counted in `HostStats`. An end's `remove_path` tells the relay to stop.
-//! - **Bad input.** A malformed route header is a `SessionHostError::Route(RouteError)`, a malformed
-//!   or out-of-window session packet a `SessionHostError::Session(..)`; both are counted
-//!   (`HostStats::malformed`, `SessionStats::rejected`) and dropped, and the connection stays up
-//!   (datagrams are unreliable anyway; a peer cannot make a node panic or buffer more).
+//! - **Bad input.** A malformed route header is a `SessionHostError::Route(RouteError)`: counted
+//!   (`HostStats::malformed`), dropped, and its sender's connection is closed as a protocol
+//!   violation (`meshwire_frame_errors_total{reason="malformed_route"}`; QUIC authenticates each
+//!   datagram, so the peer sent it so). A malformed relay request is answered, counted
+//!   (`HostStats::relay_requests_malformed`) and closes the connection too. A malformed or
+//!   out-of-window session packet is a `SessionHostError::Session(..)`, counted
+//!   (`SessionStats::rejected`) and dropped with the connection kept: a packet from before a
+//!   path's close or a restart can be out of window without anyone breaking the protocol.
 //! - **quinn's congestion control sits underneath.** Datagrams are congestion-controlled by quinn.
 //!   Measured in `scenarios/session-quic.toml` (8 MiB, 1024 pkt/s @ 50 ms paths, seed 1):
 //!

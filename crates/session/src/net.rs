@@ -144,7 +144,7 @@ impl Default for SessionSettings {
 /// Counters of a host: what it routed, relayed and refused.
 #[derive(Debug, Default)]
 pub struct HostStats {
-    /// Datagrams with a malformed route header.
+    /// Datagrams with a malformed route header (each closes its sender's connection).
     pub malformed: AtomicU64,
     /// Datagrams for sessions this node neither has nor accepts.
     pub unknown_session: AtomicU64,
@@ -318,7 +318,10 @@ impl HostInner {
         now: Instant,
     ) -> Result<(), SessionHostError> {
         let (header, packet) = RouteHeader::decode(payload.clone()).inspect_err(|_| {
+            // QUIC authenticates every datagram: a route header that does not decode was sent
+            // so by the peer, which broke the protocol.
             self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+            self.node.close_for_violation(from, "malformed_route");
         })?;
         let (peer, via) = match header.route {
             Route::Direct => (from, Via::Direct),

@@ -1,7 +1,8 @@
 //! A peer flooding a relay with relay requests: the relay's heap stays bounded, it agrees to at
 //! most `max_paths_per_peer` paths for that peer, counts every refused request, and an honest peer
 //! still gets a path relayed. A malformed relay request is answered, counted, and closes the
-//! sender's connection; the honest peer's stays.
+//! sender's connection, and so does a datagram whose route header does not decode; the honest
+//! peer's stays.
 //!
 //! The relay (node and session host) runs on its own runtime, whose thread is the counting
 //! allocator's tracked context. `MESHWIRE_FLOOD_MESSAGES` sets the flood size (default 20,000).
@@ -12,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use meshwire::protocols::SESSION_RELAY;
+use meshwire::protocols::{SESSION_DATAGRAM, SESSION_RELAY};
 use meshwire::{Keypair, Node, NodeConfig, RequestError};
 use meshwire_alloc_count::{
     clear_tracker, mark_thread, reset_tracked_peak, track_marked_threads, tracked_live_and_peak,
@@ -170,6 +171,33 @@ fn a_peer_flooding_relay_requests_gets_its_share_and_no_more() {
             .await
             .expect("the malformed request's sender is still connected");
         honest_is_served(1_000_000_002).await;
+
+        // A datagram whose route header does not decode: counted, and the connection closes.
+        flooder
+            .connect(relay.local_addr().unwrap(), relay.peer_id())
+            .await
+            .unwrap();
+        while !relay.connected_peers().contains(&flooder.peer_id()) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        flooder
+            .send_datagram(
+                relay.peer_id(),
+                SESSION_DATAGRAM,
+                Bytes::from_static(&[0xff; 3]),
+            )
+            .unwrap();
+        let closed = tokio::time::timeout(DEADLINE, async {
+            while relay.connected_peers().contains(&flooder.peer_id()) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        closed
+            .await
+            .expect("a malformed datagram's sender is still connected");
+        assert_eq!(stats.malformed.load(Ordering::Relaxed), 1);
+        assert_eq!(relay.metrics().frame_error_count("malformed_route"), 1);
+        honest_is_served(1_000_000_003).await;
         for node in [flooder, honest, other_end] {
             node.close().await;
         }
