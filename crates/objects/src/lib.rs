@@ -29,8 +29,10 @@
 //!   its `STORE`, `FETCH` and conditional-write requests get a typed refusal (`not_member`), counted in
 //!   `meshwire_object_refused_requests_total{reason}` and logged at warn with its PeerId (once a
 //!   minute per peer and reason, with how many went unlogged since; at debug in between). A request
-//!   that does not decode gets an error answer and is counted there as `malformed` (logged at
-//!   debug); like a malformed digest exchange it costs its request stream, not the connection.
+//!   that does not decode gets an error answer, is counted there as `malformed` (logged at
+//!   debug), and then closes the sender's connection as a protocol violation (counted in
+//!   `meshwire_frame_errors_total{reason="malformed_request"}`, logged at warn); content over this
+//!   node's `max_object_bytes` is refused and counted as `too_large` and keeps the connection.
 //! - Replicas: the R heaviest members under rendezvous hashing (`SHA-256(key ‖ peer id)`), connected
 //!   or not, so every member with the same list computes the same set, and placement changes only
 //!   when the list does (then the keys whose heaviest members changed move).
@@ -108,8 +110,9 @@
 //!   digest exchange that is malformed, from another placement (member lists differ), with a
 //!   bucket count that is not a power of two up to 4096, or over the limits gets a typed error
 //!   ([`proto::entropy::EntropyError`]), is counted in
-//!   `meshwire_object_anti_entropy_errors_total{reason}`, and ends its request stream, not the
-//!   connection; a non-member is refused `not_member` as for any object request. Digests come
+//!   `meshwire_object_anti_entropy_errors_total{reason}`; one from another placement ends only
+//!   its request stream, any other closes the connection after its answer (the peer broke the
+//!   protocol); a non-member is refused `not_member` as for any object request. Digests come
 //!   from a scan of the store's record headers per exchange, not from persisted state:
 //!   `bench/anti-entropy.sh` reports the scan time.
 //! - Store: redb file `objects.redb` in the data directory: a header per object and its content in
@@ -156,7 +159,7 @@
 //! | `GET /objects/{key}?local=true` or header `x-meshwire-read: local` | this node's copy only |
 //! | `GET /status` | peer id, peers (connected, configured, RTT, queued messages/bytes, latency estimate, error rate), store size, quorum settings, `members` (the cluster, this node included), `max_clock_skew_ms` |
 //! | `GET /peers` | the peers list of `/status` |
-//! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 when `Accept` prefers `application/openmetrics-text` (node metrics plus `meshwire_object_reads_total{outcome}`, `meshwire_object_writes_total{outcome}` (`ok`, `quorum_not_reached`, `superseded`, `precondition_failed`, `conflict`, `error`), `meshwire_object_read_duration_seconds` and `meshwire_object_write_duration_seconds` (histograms of successful operations), `meshwire_start_time_seconds`, `meshwire_object_store_commits_total` and `meshwire_object_store_committed_writes_total` (durable write transactions of the local store and the objects they wrote: concurrent writes share one), `meshwire_object_store_checkpoints_total` (empty commits saving the store's allocator state once it falls idle, so a crash reopens it without a rebuild), `meshwire_object_read_repairs_total`, `meshwire_object_read_requests_total`, `meshwire_object_probe_requests_total` (one version-and-hash request to each member as its connection comes up), `meshwire_object_stamp_requests_total` and `meshwire_object_stamp_request_keys_total` (version requests sent to replicas and the keys they asked: their ratio is the keys per gathered request), `meshwire_object_refused_requests_total{reason}`, `meshwire_object_refused_answers_total{reason}` with reasons `not_member`, `clock_skew`, `version_limit` (and `malformed` for requests), the anti-entropy metrics `meshwire_object_anti_entropy_rounds_total`, `..._exchanges_total{outcome}` (`in_sync`, `repaired`, `unrepaired`, `failed`), `..._repaired_keys_total{direction}` (`pulled`, `pushed`), `..._sent_bytes_total`, `..._received_bytes_total`, `..._errors_total{reason}`, `..._scan_seconds`, `meshwire_http_refused_total{reason}`, `meshwire_http_connections`) |
+//! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 when `Accept` prefers `application/openmetrics-text` (node metrics plus `meshwire_object_reads_total{outcome}`, `meshwire_object_writes_total{outcome}` (`ok`, `quorum_not_reached`, `superseded`, `precondition_failed`, `conflict`, `error`), `meshwire_object_read_duration_seconds` and `meshwire_object_write_duration_seconds` (histograms of successful operations), `meshwire_start_time_seconds`, `meshwire_object_store_commits_total` and `meshwire_object_store_committed_writes_total` (durable write transactions of the local store and the objects they wrote: concurrent writes share one), `meshwire_object_store_checkpoints_total` (empty commits saving the store's allocator state once it falls idle, so a crash reopens it without a rebuild), `meshwire_object_read_repairs_total`, `meshwire_object_read_requests_total`, `meshwire_object_probe_requests_total` (one version-and-hash request to each member as its connection comes up), `meshwire_object_stamp_requests_total` and `meshwire_object_stamp_request_keys_total` (version requests sent to replicas and the keys they asked: their ratio is the keys per gathered request), `meshwire_object_refused_requests_total{reason}`, `meshwire_object_refused_answers_total{reason}` with reasons `not_member`, `clock_skew`, `version_limit` (and `malformed`, `too_large` for requests), the anti-entropy metrics `meshwire_object_anti_entropy_rounds_total`, `..._exchanges_total{outcome}` (`in_sync`, `repaired`, `unrepaired`, `failed`), `..._repaired_keys_total{direction}` (`pulled`, `pushed`), `..._sent_bytes_total`, `..._received_bytes_total`, `..._errors_total{reason}`, `..._scan_seconds`, `meshwire_http_refused_total{reason}`, `meshwire_http_errors_total{status, error}`, `meshwire_http_connections`) |
 //! | `GET /dashboard` | the live dashboard: one static HTML page, open without the token; it reads the token from `#token=` in its URL |
 //! | `GET /dashboard/data` | `{now_unix_seconds, status, metrics}`: the `/status` body and every `/metrics` sample as `{name, labels, value}` (what the dashboard and `meshwire status` poll) |
 //! | `GET /topics` | the node's topics: `name`, `class`, `relay`, `max_bytes`, `push_whole_max_bytes`, `latency_sensitive`, `expiry_ms`, `subscribers` (when the daemon runs topics, as `meshwire node` does) |
