@@ -259,7 +259,12 @@ impl SessionHost {
                     host.stats
                         .relay_requests_malformed
                         .fetch_add(1, Ordering::Relaxed);
-                    HandlerError::Malformed(Box::new(error))
+                    // An unknown op may come from a newer version: refused, connection kept.
+                    if matches!(error, RouteError::UnknownKind(_)) {
+                        HandlerError::Failed(Box::new(error))
+                    } else {
+                        HandlerError::Malformed(Box::new(error))
+                    }
                 })?;
                 Ok(host.relay_request(from, &request).encode())
             }
@@ -317,11 +322,14 @@ impl HostInner {
         payload: Bytes,
         now: Instant,
     ) -> Result<(), SessionHostError> {
-        let (header, packet) = RouteHeader::decode(payload.clone()).inspect_err(|_| {
+        let (header, packet) = RouteHeader::decode(payload.clone()).inspect_err(|error| {
             // QUIC authenticates every datagram: a route header that does not decode was sent
-            // so by the peer, which broke the protocol.
+            // so by the peer, which broke the protocol. An unknown kind may come from a newer
+            // version: dropped and counted, the connection kept.
             self.stats.malformed.fetch_add(1, Ordering::Relaxed);
-            self.node.close_for_violation(from, "malformed_route");
+            if !matches!(error, RouteError::UnknownKind(_)) {
+                self.node.close_for_violation(from, "malformed_route");
+            }
         })?;
         let (peer, via) = match header.route {
             Route::Direct => (from, Via::Direct),

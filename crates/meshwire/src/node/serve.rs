@@ -50,12 +50,14 @@ pub enum HandlerError {
 }
 
 impl HandlerError {
-    /// The error for a request body that could not be read: one shorter than its own fields or
-    /// its frame announce is malformed (the peer broke the protocol); a stream that failed or
-    /// timed out is not the request's fault, and fails it without closing the connection.
+    /// The error for a request body that could not be read: one whose frame announces fewer
+    /// bytes than its own fields need is malformed (the peer broke the protocol). A stream that
+    /// ended early, failed or timed out is not: a sender that gives up on a request (its deadline
+    /// passed, its own client went away) ends the stream short, so that fails the request and
+    /// keeps the connection.
     pub fn from_body(error: super::streamed::BodyError) -> Self {
         match error {
-            super::streamed::BodyError::Truncated { .. } => Self::Malformed(Box::new(error)),
+            super::streamed::BodyError::TooShort { .. } => Self::Malformed(Box::new(error)),
             _ => Self::Failed(Box::new(error)),
         }
     }

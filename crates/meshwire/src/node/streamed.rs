@@ -128,7 +128,17 @@ impl From<Bytes> for AnswerBody {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BodyError {
-    /// The stream ended before the frame's announced length.
+    /// The frame announces fewer bytes than the request's own fields need: the sender broke the
+    /// protocol.
+    #[error("the request body has {len} bytes, fewer than the {needed} its fields need")]
+    TooShort {
+        /// Bytes the fields read so far and the next one need.
+        needed: u64,
+        /// Bytes the frame announced.
+        len: u64,
+    },
+    /// The stream ended before the frame's announced length (a sender that gave up, such as a
+    /// request past its deadline, ends its stream early).
     #[error("the request body ended after {actual} of {expected} bytes")]
     Truncated {
         /// Bytes the frame announced.
@@ -195,14 +205,15 @@ impl RequestBody {
         self.left
     }
 
-    /// Exactly the next `n` bytes (`Truncated` if fewer are left); for a small head the handler
+    /// Exactly the next `n` bytes (`TooShort` if the frame holds fewer, `Truncated` if the stream
+    /// ends first); for a small head the handler
     /// decodes before the rest. `n` is capped by what is left, so a caller cannot be made to
     /// allocate more than the frame holds.
     pub async fn read_exact(&mut self, n: usize) -> Result<Bytes, BodyError> {
         if n as u64 > self.left {
-            return Err(BodyError::Truncated {
-                expected: self.len - self.left + n as u64,
-                actual: self.len,
+            return Err(BodyError::TooShort {
+                needed: self.len - self.left + n as u64,
+                len: self.len,
             });
         }
         if self.read.len() >= n {

@@ -277,10 +277,18 @@ impl DaemonBuilder {
                 let path = dir.join(STORE_FILE);
                 // Opening reads and checks the whole file: off the async workers.
                 let (opened, memory) = (path.clone(), self.memory_bytes);
-                let open = tokio::task::spawn_blocking(move || Store::open(&opened, memory));
-                let store = match open.await {
-                    Ok(store) => store,
-                    Err(failure) => std::panic::resume_unwind(failure.into_panic()),
+                let open = move || Store::open(&opened, memory);
+                let store = if self.options.inline_store {
+                    open()
+                } else {
+                    match tokio::task::spawn_blocking(open).await {
+                        Ok(store) => store,
+                        Err(failure) if failure.is_panic() => {
+                            std::panic::resume_unwind(failure.into_panic())
+                        }
+                        // Cancelled: the runtime is shutting down.
+                        Err(_) => Err(StoreError::Stopped),
+                    }
                 };
                 store.map_err(|source| DaemonError::Store { path, source })?
             }

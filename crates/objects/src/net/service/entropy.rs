@@ -640,11 +640,15 @@ impl ObjectService {
 
     /// Counts a refused exchange. One that does not decode, or lists buckets outside its own
     /// range, broke the protocol: the node answers it and closes the connection. Another
-    /// placement is a member list that changed on one side first, so the connection stays.
+    /// placement is a member list that changed on one side first, and an unknown tag may come
+    /// from a newer version, so for those the connection stays.
     fn entropy_error(&self, peer: PeerId, error: EntropyError) -> HandlerError {
         self.count_entropy_error(peer, &error);
         match error {
-            EntropyError::PlacementMismatch => HandlerError::Failed(Box::new(error)),
+            EntropyError::PlacementMismatch
+            | EntropyError::Object(crate::proto::object::ObjectError::UnknownTag(_)) => {
+                HandlerError::Failed(Box::new(error))
+            }
             _ => HandlerError::Malformed(Box::new(error)),
         }
     }
