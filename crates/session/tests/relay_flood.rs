@@ -155,6 +155,19 @@ fn a_peer_flooding_relay_requests_gets_its_share_and_no_more() {
             "the relay's heap did not come back within 10%: {before} -> {after}"
         );
 
+        let flooder_is_closed = |what: &'static str| {
+            let (relay, flooder) = (relay.clone(), flooder.peer_id());
+            async move {
+                let closed = tokio::time::timeout(DEADLINE, async {
+                    while relay.connected_peers().contains(&flooder) {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                });
+                closed
+                    .await
+                    .unwrap_or_else(|_| panic!("{what} sender is still connected"));
+            }
+        };
         // One byte short: the reason comes back, it is counted, and the connection closes.
         let body = open(messages as u64).encode();
         match ask(&flooder, body.slice(..body.len() - 1)).await {
@@ -162,14 +175,7 @@ fn a_peer_flooding_relay_requests_gets_its_share_and_no_more() {
             other => panic!("a malformed relay request: {other:?}"),
         }
         assert_eq!(stats.relay_requests_malformed.load(Ordering::Relaxed), 1);
-        let closed = tokio::time::timeout(DEADLINE, async {
-            while relay.connected_peers().contains(&flooder.peer_id()) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        });
-        closed
-            .await
-            .expect("the malformed request's sender is still connected");
+        flooder_is_closed("the malformed request's").await;
         honest_is_served(1_000_000_002).await;
 
         // A datagram whose route header does not decode: counted, and the connection closes.
@@ -188,14 +194,7 @@ fn a_peer_flooding_relay_requests_gets_its_share_and_no_more() {
                 Bytes::from_static(&[1, 0, 0]),
             )
             .unwrap();
-        let closed = tokio::time::timeout(DEADLINE, async {
-            while relay.connected_peers().contains(&flooder.peer_id()) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        });
-        closed
-            .await
-            .expect("a malformed datagram's sender is still connected");
+        flooder_is_closed("a malformed datagram's").await;
         assert_eq!(stats.malformed.load(Ordering::Relaxed), 1);
         assert_eq!(relay.metrics().frame_error_count("malformed_route"), 1);
         honest_is_served(1_000_000_003).await;
