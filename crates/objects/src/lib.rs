@@ -31,8 +31,9 @@
 //!   minute per peer and reason, with how many went unlogged since; at debug in between). A request
 //!   that does not decode gets an error answer, is counted there as `malformed` (logged at
 //!   debug), and then closes the sender's connection as a protocol violation (counted in
-//!   `meshwire_frame_errors_total{reason="malformed_request"}`, logged at warn); content over this
-//!   node's `max_object_bytes` is refused and counted as `too_large` and keeps the connection.
+//!   `meshwire_frame_errors_total{reason="malformed_request"}`, logged at warn). Content over this
+//!   node's `max_object_bytes` or more keys than one request may name (counted `too_large`), an
+//!   unknown tag (a newer version's) and a request stream that ended early keep the connection.
 //! - Replicas: the R heaviest members under rendezvous hashing (`SHA-256(key ‖ peer id)`), connected
 //!   or not, so every member with the same list computes the same set, and placement changes only
 //!   when the list does (then the keys whose heaviest members changed move).
