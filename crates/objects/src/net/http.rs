@@ -506,28 +506,26 @@ pub use crate::proto::headers::prefers_openmetrics;
 /// size limit (`413`), or broken off or badly framed (`400 bad_body`: a bad chunk, a connection
 /// that ended mid-body).
 fn body_failure(failure: &axum::Error, max: usize) -> Response {
-    if !limits::over_length_limit(failure) && limits::body_timeout(failure).is_none() {
-        return error(
+    if let Some(timeout) = limits::body_timeout(failure) {
+        let mut response = error(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            timeout.to_string(),
+            json!({ "reason": timeout.reason() }),
+        );
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        response
+    } else if limits::over_length_limit(failure) {
+        ObjectServiceError::TooLarge { len: max + 1, max }.into_response()
+    } else {
+        error(
             StatusCode::BAD_REQUEST,
             "bad_body",
             format!("the request body could not be read: {failure}"),
             json!({}),
-        );
-    }
-    match limits::body_timeout(failure) {
-        Some(timeout) => {
-            let mut response = error(
-                StatusCode::REQUEST_TIMEOUT,
-                "body_timeout",
-                timeout.to_string(),
-                json!({ "reason": timeout.reason() }),
-            );
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            response
-        }
-        None => ObjectServiceError::TooLarge { len: max + 1, max }.into_response(),
+        )
     }
 }
 

@@ -18,7 +18,7 @@ const MAX_MESSAGE_BYTES: usize = 1024;
 /// A JSON error answer: `{"error": code, "message": message}` plus the fields of `extra`.
 pub(crate) fn error(
     status: StatusCode,
-    code: &str,
+    code: &'static str,
     message: String,
     extra: serde_json::Value,
 ) -> Response {
@@ -27,13 +27,13 @@ pub(crate) fn error(
         body.extend(extra);
     }
     let mut response = (status, Json(body)).into_response();
-    response.extensions_mut().insert(ErrorName(code.to_owned()));
+    response.extensions_mut().insert(ErrorName(code));
     response
 }
 
 /// The code of a JSON error answer, for the count of error answers ([`json_errors`]).
 #[derive(Debug, Clone)]
-pub(crate) struct ErrorName(pub String);
+pub(crate) struct ErrorName(pub &'static str);
 
 /// The JSON body of `503 busy`.
 pub(crate) fn busy_json(retry_after: u64) -> serde_json::Value {
@@ -54,9 +54,7 @@ pub(crate) fn busy(limits: &HttpLimits) -> Response {
         Json(busy_json(retry_after)),
     )
         .into_response();
-    response
-        .extensions_mut()
-        .insert(ErrorName("busy".to_owned()));
+    response.extensions_mut().insert(ErrorName("busy"));
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
@@ -199,7 +197,7 @@ pub(crate) async fn json_errors(
     if !(status.is_client_error() || status.is_server_error()) {
         return response;
     }
-    if let Some(ErrorName(code)) = response.extensions().get::<ErrorName>() {
+    if let Some(&ErrorName(code)) = response.extensions().get::<ErrorName>() {
         metrics.count_error(status.as_u16(), code);
         return response;
     }

@@ -285,26 +285,19 @@ where
 
 /// The [`BodyTimeout`] somewhere in `error`'s source chain, if the body was cut off by one.
 pub(crate) fn body_timeout(error: &(dyn std::error::Error + 'static)) -> Option<BodyTimeout> {
-    let mut current = Some(error);
-    while let Some(error) = current {
-        if let Some(timeout) = error.downcast_ref::<BodyTimeout>() {
-            return Some(*timeout);
-        }
-        current = error.source();
-    }
-    None
+    wrapped::<BodyTimeout>(error).copied()
 }
 
 /// Whether `error`, or an error it wraps, is a body over the size limit it was read under.
 pub(crate) fn over_length_limit(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current = Some(error);
-    while let Some(error) = current {
-        if error.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        current = error.source();
-    }
-    false
+    wrapped::<http_body_util::LengthLimitError>(error).is_some()
+}
+
+/// The first `T` along `error`'s chain of sources, `error` itself included.
+fn wrapped<'a, T: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    std::iter::successors(Some(error), |error| error.source()).find_map(|e| e.downcast_ref())
 }
 
 #[cfg(test)]

@@ -91,7 +91,7 @@ struct ReasonLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabel {
     status: u16,
-    error: String,
+    error: &'static str,
 }
 
 /// The HTTP API's own metrics: refusals by reason, error answers by code, open connections.
@@ -133,21 +133,17 @@ impl HttpMetrics {
     }
 
     /// Counts one error answer of `status` with code `error`.
-    pub fn count_error(&self, status: u16, error: &str) {
-        let label = ErrorLabel {
-            status,
-            error: error.to_owned(),
-        };
-        self.errors.get_or_create(&label).inc();
+    pub fn count_error(&self, status: u16, error: &'static str) {
+        self.errors
+            .get_or_create(&ErrorLabel { status, error })
+            .inc();
     }
 
     /// Current value of `meshwire_http_errors_total{status, error}`.
-    pub fn error_count(&self, status: u16, error: &str) -> u64 {
-        let label = ErrorLabel {
-            status,
-            error: error.to_owned(),
-        };
-        self.errors.get_or_create(&label).get()
+    pub fn error_count(&self, status: u16, error: &'static str) -> u64 {
+        self.errors
+            .get_or_create(&ErrorLabel { status, error })
+            .get()
     }
 
     /// Current value of `meshwire_http_refused_total{reason}`.
