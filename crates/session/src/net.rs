@@ -259,12 +259,7 @@ impl SessionHost {
                     host.stats
                         .relay_requests_malformed
                         .fetch_add(1, Ordering::Relaxed);
-                    // An unknown op may come from a newer version: refused, connection kept.
-                    if matches!(error, RouteError::UnknownKind(_)) {
-                        HandlerError::Failed(Box::new(error))
-                    } else {
-                        HandlerError::Malformed(Box::new(error))
-                    }
+                    HandlerError::refused(error.breaks_protocol(), error)
                 })?;
                 Ok(host.relay_request(from, &request).encode())
             }
@@ -324,10 +319,9 @@ impl HostInner {
     ) -> Result<(), SessionHostError> {
         let (header, packet) = RouteHeader::decode(payload.clone()).inspect_err(|error| {
             // QUIC authenticates every datagram: a route header that does not decode was sent
-            // so by the peer, which broke the protocol. An unknown kind may come from a newer
-            // version: dropped and counted, the connection kept.
+            // so by the peer (an unknown kind may be a newer version's: dropped, counted).
             self.stats.malformed.fetch_add(1, Ordering::Relaxed);
-            if !matches!(error, RouteError::UnknownKind(_)) {
+            if error.breaks_protocol() {
                 self.node.close_for_violation(from, "malformed_route");
             }
         })?;

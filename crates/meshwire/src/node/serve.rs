@@ -50,16 +50,27 @@ pub enum HandlerError {
 }
 
 impl HandlerError {
+    /// A request refused because of `error`: [`HandlerError::Malformed`] (the connection closes)
+    /// when the peer broke the protocol, else [`HandlerError::Failed`].
+    pub fn refused(
+        breaks_protocol: bool,
+        error: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        if breaks_protocol {
+            Self::Malformed(Box::new(error))
+        } else {
+            Self::Failed(Box::new(error))
+        }
+    }
+
     /// The error for a request body that could not be read: one whose frame announces fewer
     /// bytes than its own fields need is malformed (the peer broke the protocol). A stream that
     /// ended early, failed or timed out is not: a sender that gives up on a request (its deadline
     /// passed, its own client went away) ends the stream short, so that fails the request and
     /// keeps the connection.
     pub fn from_body(error: super::streamed::BodyError) -> Self {
-        match error {
-            super::streamed::BodyError::TooShort { .. } => Self::Malformed(Box::new(error)),
-            _ => Self::Failed(Box::new(error)),
-        }
+        let short = matches!(error, super::streamed::BodyError::TooShort { .. });
+        Self::refused(short, error)
     }
 }
 

@@ -108,6 +108,15 @@ pub enum EntropyError {
 }
 
 impl EntropyError {
+    /// Whether a peer whose digest exchange failed so broke the protocol. Another placement is a
+    /// member list one side changed first, and an unknown tag may come from a newer version.
+    pub fn breaks_protocol(&self) -> bool {
+        !matches!(
+            self,
+            Self::PlacementMismatch | Self::Object(ObjectError::UnknownTag(_))
+        )
+    }
+
     /// The reason's name in metrics.
     pub fn reason(&self) -> &'static str {
         match self {

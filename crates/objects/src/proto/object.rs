@@ -84,6 +84,19 @@ pub enum ObjectError {
     TooManyKeys(usize),
 }
 
+impl ObjectError {
+    /// Whether a peer whose request failed so broke the protocol (its connection is closed).
+    /// A limit another member may not share (content over this node's maximum, more keys than
+    /// one request may name) or a tag a newer version added does not: members may run different
+    /// versions or settings.
+    pub fn breaks_protocol(&self) -> bool {
+        !matches!(
+            self,
+            Self::TooLarge { .. } | Self::TooManyKeys(_) | Self::UnknownTag(_)
+        )
+    }
+}
+
 /// Checks that `key` is 1..=256 bytes of `[A-Za-z0-9._-]`, and not `.` or `..`.
 pub fn validate_key(key: &str) -> Result<(), ObjectError> {
     if key.is_empty() {

@@ -55,6 +55,14 @@ pub enum RouteError {
     TrailingBytes(usize),
 }
 
+impl RouteError {
+    /// Whether a peer that sent this broke the protocol: an unknown kind may come from a newer
+    /// version, anything else was sent malformed.
+    pub fn breaks_protocol(&self) -> bool {
+        !matches!(self, Self::UnknownKind(_))
+    }
+}
+
 /// Where a session datagram goes, and through whom.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Route {

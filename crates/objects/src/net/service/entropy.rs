@@ -638,19 +638,11 @@ impl ObjectService {
         )))
     }
 
-    /// Counts a refused exchange. One that does not decode, or lists buckets outside its own
-    /// range, broke the protocol: the node answers it and closes the connection. Another
-    /// placement is a member list that changed on one side first, and an unknown tag may come
-    /// from a newer version, so for those the connection stays.
+    /// Counts a refused exchange; one that broke the protocol ([`EntropyError::breaks_protocol`])
+    /// is answered and then closes the connection.
     fn entropy_error(&self, peer: PeerId, error: EntropyError) -> HandlerError {
         self.count_entropy_error(peer, &error);
-        match error {
-            EntropyError::PlacementMismatch
-            | EntropyError::Object(crate::proto::object::ObjectError::UnknownTag(_)) => {
-                HandlerError::Failed(Box::new(error))
-            }
-            _ => HandlerError::Malformed(Box::new(error)),
-        }
+        HandlerError::refused(error.breaks_protocol(), error)
     }
 
     fn count_entropy_error(&self, peer: PeerId, error: &EntropyError) {

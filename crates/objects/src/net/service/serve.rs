@@ -169,11 +169,10 @@ impl ObjectService {
 
     /// Counts a request from `peer` that does not decode in
     /// `meshwire_object_refused_requests_total{reason="malformed"}` and answers it with the error.
-    /// The node then closes the connection (`meshwire_frame_errors_total{reason="malformed_request"}`):
-    /// a peer that sent one broke the protocol. Content over this node's `max_object_bytes`, or
-    /// more keys than one request may name, is only a limit another member may not share:
-    /// counted as `reason="too_large"` and answered, and the connection stays; so does an unknown
-    /// tag (counted `malformed`), which a member of a newer version may send. Logged here at debug; the close is logged at warn.
+    /// Where the peer broke the protocol ([`ObjectError::breaks_protocol`]) the node then closes
+    /// the connection (`meshwire_frame_errors_total{reason="malformed_request"}`). A limit
+    /// another member may not share is counted as `reason="too_large"` instead. Logged here at
+    /// debug; the close is logged at warn.
     pub(super) fn malformed(&self, peer: PeerId, error: ObjectError) -> HandlerError {
         let reason = match error {
             ObjectError::TooLarge { .. } | ObjectError::TooManyKeys(_) => "too_large",
@@ -185,14 +184,7 @@ impl ObjectService {
             .get_or_create(&ReasonLabel { reason })
             .inc();
         tracing::debug!(%peer, %error, reason, "object request refused");
-        match error {
-            // A limit another member may not share, or a tag a newer version added: refused, and
-            // the connection stays (members may run different versions during an upgrade).
-            ObjectError::TooLarge { .. }
-            | ObjectError::TooManyKeys(_)
-            | ObjectError::UnknownTag(_) => HandlerError::Failed(Box::new(error)),
-            _ => HandlerError::Malformed(Box::new(error)),
-        }
+        HandlerError::refused(error.breaks_protocol(), error)
     }
 
     /// Counts and logs a request from `peer` refused for `reason`: at warn once a minute per peer
