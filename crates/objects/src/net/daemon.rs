@@ -40,6 +40,7 @@ use super::http::auth::{AuthError, HttpAuth, Token};
 use super::http::limits::{HttpLimits, LimitsError};
 use super::http::serve::HttpMetrics;
 use super::ring::{Ring, RingConfig, RingError};
+use super::service::store_calls::blocking;
 use super::service::{
     ObjectConfig, ObjectService, ObjectServiceError, PhysicalClock, ServiceOptions,
 };
@@ -278,18 +279,10 @@ impl DaemonBuilder {
                 // Opening reads and checks the whole file: off the async workers.
                 let (opened, memory) = (path.clone(), self.memory_bytes);
                 let open = move || Store::open(&opened, memory);
-                let store = if self.options.inline_store {
-                    open()
-                } else {
-                    match tokio::task::spawn_blocking(open).await {
-                        Ok(store) => store,
-                        Err(failure) if failure.is_panic() => {
-                            std::panic::resume_unwind(failure.into_panic())
-                        }
-                        // Cancelled: the runtime is shutting down.
-                        Err(_) => Err(StoreError::Stopped),
-                    }
-                };
+                // `None`: cancelled, the runtime is shutting down.
+                let store = blocking(self.options.inline_store, open)
+                    .await
+                    .unwrap_or(Err(StoreError::Stopped));
                 store.map_err(|source| DaemonError::Store { path, source })?
             }
             None => Store::in_memory(self.memory_bytes).map_err(DaemonError::MemoryStore)?,

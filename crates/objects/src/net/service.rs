@@ -82,7 +82,7 @@ mod probe;
 mod read;
 mod serve;
 mod stamps;
-mod store_calls;
+pub(crate) mod store_calls;
 mod streamed;
 mod warn_limit;
 mod write;

@@ -184,7 +184,7 @@ impl ObjectService {
 /// Runs `work` on tokio's blocking pool (at once on this task when `inline`, see
 /// [`super::ServiceOptions::inline_store`]); `None` when the runtime cancelled it (shutting
 /// down). A panic in `work` resumes in the caller.
-pub(super) async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     inline: bool,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Option<T> {
