@@ -403,6 +403,11 @@ impl ObjectService {
                 metrics.probe_requests.clone(),
             );
             registry.register(
+                "object_probes_skipped",
+                "Members not probed: enough others known to answer in time within their round trip",
+                metrics.probes_skipped.clone(),
+            );
+            registry.register(
                 "object_stamp_requests",
                 "Version requests sent to replicas, one per request message: a lone metadata fetch or a gathered stamps request",
                 metrics.stamp_requests.clone(),

@@ -85,7 +85,7 @@ mod policy;
 mod scores;
 
 pub use plan::{Candidate, Finish, Outcome, QuorumPlan, CONFIDENCE};
-pub use scores::{PathHint, PeerScores, ScoreConfig, GRANULARITY};
+pub use scores::{PathHint, PeerScores, ProbeVerdict, ScoreConfig, GRANULARITY};
 
 /// How a plan spreads a request over its candidates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -98,6 +98,17 @@ pub struct PeerScores<P> {
     late_noticed: HashMap<P, (Instant, Instant)>,
 }
 
+/// What [`PeerScores::probe_verdict`] advises for one peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeVerdict {
+    /// Probe it now.
+    Probe,
+    /// Ask again once a probe out ends or falls due.
+    Wait,
+    /// Enough peers known faster than its round trip: a probe would change no ranking.
+    Skip,
+}
+
 /// What a late outcome tells ([`PeerScores::lateness`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Lateness {
@@ -351,6 +362,43 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
         self.extra_tokens = (self.extra_tokens + earned - spent).clamp(-reserve, reserve);
     }
 
+    /// Whether a probe of `peer`, whose connection's round trip is `rtt`, can still change a
+    /// ranking, given that `pending` probes are out, not yet due, to peers at most that far.
+    /// No answer from `peer` can come back before its round trip, so once `needed` other peers
+    /// are known to answer in time within that round trip even at their tail estimates, every
+    /// read ranks those first and a probe of `peer` would be a request no read needs (it stays a
+    /// stranger, measured if a read explores it). While the probes out may still make up the
+    /// difference, the verdict is to wait for them.
+    pub fn probe_verdict(
+        &self,
+        peer: P,
+        rtt: Option<Duration>,
+        needed: usize,
+        pending: usize,
+    ) -> ProbeVerdict {
+        let Some(rtt) = rtt else {
+            return ProbeVerdict::Probe;
+        };
+        let faster = self
+            .peers
+            .iter()
+            .filter(|(other, stats)| {
+                **other != peer && stats.late < 0.5 && stats.error < 0.5 && {
+                    let other = **other;
+                    self.tail_latency(other) <= rtt
+                }
+            })
+            .take(needed)
+            .count();
+        if faster >= needed {
+            ProbeVerdict::Skip
+        } else if faster + pending >= needed {
+            ProbeVerdict::Wait
+        } else {
+            ProbeVerdict::Probe
+        }
+    }
+
     /// The ranking key of `peer` in milliseconds: lower is better.
     pub fn score_ms(&self, peer: P) -> f64 {
         let penalty_ms = self.config.error_penalty.as_secs_f64() * 1e3;
@@ -550,6 +598,59 @@ mod tests {
         assert!(!ranked[3].reachable);
         assert_eq!(ranked[3].timely, 0.0);
         assert_eq!(ranked[0].timely, 0.5, "nothing known of anyone yet");
+    }
+
+    #[test]
+    fn a_member_is_probed_only_while_fewer_than_needed_are_known_faster_than_its_round_trip() {
+        let mut scores = PeerScores::<u32>::new(ScoreConfig::default());
+        // Nothing known: probe, whatever the round trip; no round trip known: probe.
+        assert_eq!(
+            scores.probe_verdict(9, Some(ms(500)), 2, 0),
+            ProbeVerdict::Probe
+        );
+        assert_eq!(scores.probe_verdict(9, None, 0, 0), ProbeVerdict::Probe);
+        // Peer 0 answers in 40 ms (tail 50 ms), peer 1 in 80 ms (tail 100 ms), peer 2 is slow.
+        for _ in 0..50 {
+            scores.record_success(0, ms(40));
+            scores.record_success(1, ms(80));
+        }
+        assert_eq!(scores.tail_latency(1), ms(100));
+        scores.record_late_success(2, Instant::now(), ms(30));
+        // A member 200 ms away can beat neither 0 nor 1: two known faster, skip it.
+        assert_eq!(
+            scores.probe_verdict(9, Some(ms(200)), 2, 0),
+            ProbeVerdict::Skip
+        );
+        // A single answer is no steady estimate: its tail is two and a half times it (RFC 6298's
+        // first deviation, half the sample, then one step), so a member at 150 ms cannot yet be
+        // ruled out by an 80 ms answer.
+        let mut fresh = PeerScores::<u32>::new(ScoreConfig::default());
+        fresh.record_success(0, ms(40));
+        fresh.record_success(1, ms(80));
+        assert_eq!(fresh.tail_latency(1), ms(200));
+        assert_eq!(
+            fresh.probe_verdict(9, Some(ms(150)), 2, 0),
+            ProbeVerdict::Probe
+        );
+        // 60 ms away it could beat peer 1's tail: probe it, or wait for a probe out that may
+        // make up the second.
+        assert_eq!(
+            scores.probe_verdict(9, Some(ms(60)), 2, 0),
+            ProbeVerdict::Probe
+        );
+        assert_eq!(
+            scores.probe_verdict(9, Some(ms(60)), 2, 1),
+            ProbeVerdict::Wait
+        );
+        // A late peer never counts as faster, and a peer does not count against itself.
+        assert_eq!(
+            scores.probe_verdict(9, Some(ms(200)), 3, 0),
+            ProbeVerdict::Probe
+        );
+        assert_eq!(
+            scores.probe_verdict(0, Some(ms(200)), 2, 0),
+            ProbeVerdict::Probe
+        );
     }
 
     #[test]
