@@ -84,6 +84,16 @@
 //! reads hedge to slow ones); p99 ratios median / p90 0.990 / 1.261 both times, max 4.090 →
 //! 3.280 (seed 7 case 6, 4.09 → 2.43), cases above 1.3 still 7.
 //!
+//! **Content load.** Seed 7 case 6 traced: the best replica (176 ms round trip) took every read's
+//! content, its 16 KB first window let three 4 KiB answers out a round trip against nine asked,
+//! its answers came back up to 350 ms late, and the ranking moved every read to the next-best,
+//! cold in turn (answers up to 800 ms), then back. The ranking now adds the round trips a new
+//! request waits behind the content the client has out to a replica, against what that replica
+//! delivered per round trip (`crates/objects/src/proto/quorum/load.rs`). Hedged only, seeds
+//! 1–8, p99 ratios median / p90 / max 0.990 / 1.261 / 3.280 → 1.011 / 1.266 / 1.707, cases above
+//! 1.3 7 → 8, requests over the quorum above 1.25 3 → 1 (the one: 2 healthy replicas, quorum 5).
+//! What is left is the first round trip's reads, before any answer shows how large answers are.
+//!
 //! Before the probes, the first reads' ignorance set some cases apart. Seed 3 case 6 (44
 //! replicas, 26 slow at 1.06 s, 9 dead, 9 healthy, quorum 4) was at 3.58x with either window:
 //! with the 1 MB window its reads 0–39 (the first 0.8 s) took 950–1225 ms, waiting on slow

@@ -723,6 +723,11 @@ impl ObjectService {
             });
             let modes = modes.clone();
             let key = key_owned.clone();
+            // Counted before the next peer is ranked, so reads starting now see it.
+            let mut content_out = (peer != me && mode != FetchMode::Metadata).then(|| {
+                let round_trip = service.inner.node.rtt_to(peer);
+                drive::ContentOut::new(&service.inner.scores, peer, round_trip)
+            });
             async move {
                 let fetched = if peer == me {
                     // This node's own copy, shared with its cache (never copied into an answer
@@ -764,6 +769,9 @@ impl ObjectService {
                     content: Some(content),
                 } = &fetched
                 {
+                    if let Some(out) = content_out.as_mut() {
+                        out.received = Some(content.len());
+                    }
                     modes.content_received(StoredObject {
                         stamp: *stamp,
                         content: content.clone(),

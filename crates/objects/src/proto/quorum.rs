@@ -36,6 +36,10 @@
 //!   sinks at its first late request; a peer whose answers queued for a moment is not marked
 //!   late by every request in the queue, which had kept healthy peers near the client ranked
 //!   below strangers for the rest of the run.
+//!   Content asked of a peer and not yet received counts too (`proto/quorum/load.rs`): a
+//!   new request to it waits whole round trips behind that content once it exceeds what the
+//!   peer's connection delivered in one round trip (twice its best so far, at least RFC 9002's
+//!   initial window), and the ranking adds those round trips to its cost and hedge delay.
 //!   Exploration: with probability `explore_probability` a plan also asks one random peer from
 //!   outside the first choices, so a peer that recovered is measured again without delaying the read.
 //!   Probes (`probe_on_connect`, on by default): the object service asks each member once for a
@@ -80,6 +84,7 @@
 
 use std::time::Duration;
 
+mod load;
 mod plan;
 mod policy;
 mod scores;

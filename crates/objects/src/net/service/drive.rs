@@ -167,6 +167,38 @@ impl Drop for Outstanding {
     }
 }
 
+/// A content request out to `peer`, counted in the scores' content load
+/// ([`PeerScores::on_content_sent`]) until it ends, however it ends; `received` is set to the
+/// content's size when an answer brings it.
+pub(super) struct ContentOut {
+    scores: Arc<Mutex<PeerScores<PeerId>>>,
+    peer: PeerId,
+    round_trip: Option<std::time::Duration>,
+    pub(super) received: Option<usize>,
+}
+
+impl ContentOut {
+    pub(super) fn new(
+        scores: &Arc<Mutex<PeerScores<PeerId>>>,
+        peer: PeerId,
+        round_trip: Option<std::time::Duration>,
+    ) -> Self {
+        lock(scores).on_content_sent(peer);
+        Self {
+            scores: scores.clone(),
+            peer,
+            round_trip,
+            received: None,
+        }
+    }
+}
+
+impl Drop for ContentOut {
+    fn drop(&mut self) {
+        lock(&self.scores).on_content_done(self.peer, self.received, self.round_trip, now());
+    }
+}
+
 /// Awaits the requests a read left in flight until each is due, and scores each peer by what it
 /// did by then; whatever is still out at the last due time is dropped.
 async fn follow_up<T, Fut>(

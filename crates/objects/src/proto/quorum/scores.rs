@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use rand::seq::SliceRandom;
 use rand::{Rng, RngCore};
 
+use super::load::ContentLoad;
 use super::plan::{Candidate, QuorumPlan};
 use super::{QuorumConfig, QuorumError};
 
@@ -96,6 +97,8 @@ pub struct PeerScores<P> {
     /// When each peer's lateness was last taken as news, and when the request that made it was
     /// sent (see [`PeerScores::lateness`]).
     late_noticed: HashMap<P, (Instant, Instant)>,
+    /// Content asked of each peer and not yet received, and what each delivered per round trip.
+    load: ContentLoad<P>,
 }
 
 /// What [`PeerScores::probe_verdict`] advises for one peer.
@@ -131,6 +134,7 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
             peers: HashMap::new(),
             extra_tokens: config.extra_request_reserve.max(0.0),
             outstanding: HashMap::new(),
+            load: ContentLoad::new(config.max_peers),
             late_noticed: HashMap::new(),
         }
     }
@@ -181,6 +185,26 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
                 self.outstanding.remove(&peer);
             }
         }
+    }
+
+    /// A request to `peer` that asks for the content was sent (besides
+    /// [`Self::on_request_sent`]): until [`Self::on_content_done`], the ranking counts the round
+    /// trips a new request to `peer` waits behind it (`load.rs`).
+    pub fn on_content_sent(&mut self, peer: P) {
+        self.load.on_sent(peer);
+    }
+
+    /// The content request to `peer` ended at `now`, with `received` bytes of content if it was
+    /// answered with them; `round_trip` is the peer's connection's round trip, if known.
+    pub fn on_content_done(
+        &mut self,
+        peer: P,
+        received: Option<usize>,
+        round_trip: Option<Duration>,
+        now: Instant,
+    ) {
+        let round_trip = round_trip.unwrap_or_else(|| self.expected_latency(peer));
+        self.load.on_done(peer, received, round_trip, now);
     }
 
     /// How long the oldest request still out to `peer` has been out at `now`.
@@ -478,7 +502,16 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
                 };
                 // What asking it is expected to cost: its latency, plus, with the chance that it
                 // is late, the hedge delay spent waiting on it before someone else is asked.
-                let cost = score + (1.0 - timely) * hedge_after.as_secs_f64() * 1e3;
+                // Round trips it waits behind the content already asked of it.
+                let round_trip_ms = hint
+                    .rtt
+                    .unwrap_or_else(|| self.expected_latency(peer))
+                    .as_secs_f64()
+                    * 1e3;
+                let queue_ms = self.load.queue_rounds(peer) * round_trip_ms;
+                // A wait the client's own requests cause is no lateness of the peer's.
+                let hedge_after = hedge_after + millis(queue_ms);
+                let cost = score + queue_ms + (1.0 - timely) * hedge_after.as_secs_f64() * 1e3;
                 let candidate = Candidate {
                     peer,
                     hedge_after,
