@@ -109,10 +109,9 @@ impl Default for TransportSettings {
 /// path with 4 ms of jitter a 108 KB batch whose tail overflowed the queue took 49 ms against a
 /// 7 ms floor (ring sweep seed 7, case 9; 33 ms with this delay). Each meshwire connection asks
 /// its peer, by the ACK frequency extension (draft-ietf-quic-ack-frequency, which quinn
-/// implements and advertises), to acknowledge within this delay instead; the threshold stays at quinn's default of an ACK
-/// every second packet, and a packet out of order is still acknowledged at once, so only a
-/// flight's last odd packet is acknowledged sooner. A peer without the extension keeps its own
-/// delay.
+/// implements and advertises), to acknowledge within this delay instead (and at the latest every
+/// [`ACK_ELICITING_THRESHOLD`]` + 1` packets); a packet out of order is still acknowledged at
+/// once. A peer without the extension keeps its own delay and threshold.
 ///
 /// Why 5 ms: the shorter the delay, the sooner a lost tail is probed, but a packet that arrives
 /// more than the delay after the one before it is then acknowledged alone, and below 5 ms the
@@ -139,9 +138,50 @@ impl Default for TransportSettings {
 /// docs describe as a knife edge, not an effect of the delay.
 pub const MAX_ACK_DELAY: Duration = Duration::from_millis(5);
 
+/// How many ack-eliciting packets a meshwire peer may receive before it must acknowledge them
+/// at once: it acknowledges every 8th packet, within [`MAX_ACK_DELAY`] of the first one it holds,
+/// and sooner whenever it has a packet of its own to carry the ACK. quinn's default is 1 (every
+/// second packet).
+///
+/// Why: the threshold is what makes an ACK leave alone. A multipath session's receiver answers
+/// every data datagram with a session ACK, itself a DATAGRAM and so ack-eliciting; at a threshold
+/// of 1 the sender's QUIC acknowledged every second one at once, in a packet of its own, before
+/// the session had queued the data that would have carried it. Traced in the session sweep
+/// (`scenarios/sweeps/session.toml`, seed 1, case 2: a 104 packets/s direct path and a
+/// 405 packets/s relay path, loss-free): of the 402 packets/s the sender put on the relay link,
+/// 27% carried only an ACK, so the session got 0.77 of the paths (transfer 1.305 × floor). With
+/// this threshold more of those ACKs ride on the data packets that follow: 22% ACK-only, 1.241 ×
+/// floor. The rest is [`MAX_ACK_DELAY`] expiring between quinn's paced bursts: with a 10 ms
+/// delay and this threshold under 1% of those packets carry only an ACK and the case reaches
+/// 1.015 × floor, but the 5 ms delay is kept for the ring's lost tails (below).
+///
+/// Measured with the meshwire policies only (`meshwire lab sweep`; session: seeds 1–6, 72 cases;
+/// ring: `scenarios/sweeps/ring.toml` seeds 1–4, 40 cases; quorum: `scenarios/sweeps/quorum.toml`
+/// with the hedged policy, seeds 1–4; `session-quic` rows at seed 1), medians / p90 / max of the
+/// ratio to the floor:
+///
+/// | threshold, delay | session | ring hop p50 | ring hop p99 | quorum p99 | 3 relays | 3 relays, no claims | slow relay |
+/// |---|---|---|---|---|---|---|---|
+/// | 1, 5 ms (before) | 1.449 / 2.770 / 4.698 | 1.069 / 1.243 / 1.323 | 1.204 / 1.659 / 3.316 | 1.000 / 1.227 / 1.548 | 0.916 | 0.800 | 0.838 |
+/// | 7, 5 ms | 1.449 / 2.670 / 4.918 | 1.075 / 1.243 / 1.323 | 1.205 / 1.665 / 3.337 | 1.000 / 1.227 / 1.577 | 0.945 | 0.884 | 0.843 |
+/// | 3, 10 ms | 1.499 / 2.687 / 4.641 | 1.074 / 1.243 / 1.499 | 1.205 / 1.741 / 3.321 | 1.012 / 1.237 / 1.708 | 0.949 | 0.881 | 0.889 |
+/// | 7, 10 ms | 1.449 / 2.534 / 4.641 | 1.063 / 1.243 / 1.514 | 1.191 / 1.732 / 3.321 | 1.012 / 1.227 / 1.607 | 0.954 | 0.891 | 0.887 |
+/// | 7, 25 ms | 1.449 / 2.361 / 4.598 | 1.063 / 1.243 / 1.514 | 1.228 / 1.741 / 5.286 | 1.048 / 1.234 / 1.643 | 0.948 | 0.887 | 0.915 |
+///
+/// (The last three columns are `session-quic` efficiencies, higher is better.) At 10 and 25 ms
+/// the session gains more, but the ring's worst hops and the quorum reads lose, and at 10 ms
+/// `losses-0.01+0.1-noclaims` fell from 0.909 to 0.766; at 7 and 5 ms nothing moved by more
+/// than a few thousandths except those gains and the sweeps' worst cases above. The fairness
+/// scenario's shares stayed within 0.73–1.27 of an equal share where they were within
+/// 0.78–1.22 (two-flow rows with meshwire or CUBIC; the rows with quinn's BBR starve CUBIC as
+/// before), and `bench/transport.sh` on loopback measured meshwire at 0.85× plain quinn against
+/// 0.86× (3 rounds of 1 GiB each).
+pub const ACK_ELICITING_THRESHOLD: u32 = 7;
+
 fn ack_frequency() -> quinn::AckFrequencyConfig {
     let mut ack = quinn::AckFrequencyConfig::default();
     ack.max_ack_delay(Some(MAX_ACK_DELAY))
+        .ack_eliciting_threshold(quinn::VarInt::from_u32(ACK_ELICITING_THRESHOLD))
         .reordering_threshold(quinn::VarInt::from_u32(1));
     ack
 }

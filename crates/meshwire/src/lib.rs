@@ -37,7 +37,8 @@ pub mod tls;
 mod udp;
 
 pub use config::{
-    ConfigError, Congestion, NodeConfig, QueueLimits, TransportSettings, MAX_ACK_DELAY,
+    ConfigError, Congestion, NodeConfig, QueueLimits, TransportSettings, ACK_ELICITING_THRESHOLD,
+    MAX_ACK_DELAY,
 };
 pub use datagram::{DatagramError, InboundDatagram};
 pub use identity::{warn_if_readable_by_others, IdentityError, Keypair, IDENTITY_FILE};

@@ -125,7 +125,8 @@ async fn ten_thousand_messages_arrive_complete_and_in_order() {
 
 /// Each end asks the other, by an ACK_FREQUENCY frame, to acknowledge within
 /// `meshwire::MAX_ACK_DELAY` rather than quinn's 25 ms, so a lost tail is probed about a round
-/// trip after it was sent.
+/// trip after it was sent, and at the latest every `meshwire::ACK_ELICITING_THRESHOLD + 1`
+/// packets.
 #[tokio::test]
 async fn each_end_asks_its_peer_for_prompt_acknowledgements() {
     let a = start(1);
