@@ -70,12 +70,24 @@ async fn a_batch_goes_round_the_ring_and_comes_back_intact() {
     assert_eq!(answer["intact"], true);
     assert_eq!(answer["bytes"], 300_000);
     assert_eq!(answer["chunks"], 5);
+    // A relay counts a batch once its successor has acknowledged the stream's end, which can be
+    // a moment after the first node has read the last byte: wait for each count to settle.
     for (index, daemon) in daemons.iter().enumerate() {
-        let (status, state) = request(daemon, "GET", "/pipeline", b"").await;
-        assert_eq!(status, 200);
+        let state = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            loop {
+                let (status, state) = request(daemon, "GET", "/pipeline", b"").await;
+                assert_eq!(status, 200);
+                if state["completed"] != 0 || state["failed"] != 0 {
+                    return state;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("node {index} never counted the batch"));
         assert_eq!(state["position"], index);
         assert_eq!(state["completed"], 1, "node {index}: {state}");
-        assert_eq!(state["failed"], 0);
+        assert_eq!(state["failed"], 0, "node {index}: {state}");
     }
 
     // Only the first node submits.
