@@ -351,7 +351,22 @@ async fn content_files_become(dir: &std::path::Path, files: usize) {
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    assert_eq!(content_files(dir), files, "content files in {dir:?}");
+    let names: Vec<_> = std::fs::read_dir(dir.join("objects.content"))
+        .map(|entries| {
+            entries
+                .filter_map(|entry| entry.ok())
+                .map(|entry| {
+                    let length = entry.metadata().map_or(0, |meta| meta.len());
+                    format!("{} ({length} B)", entry.file_name().to_string_lossy())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        content_files(dir),
+        files,
+        "content files in {dir:?}: {names:?}"
+    );
 }
 
 #[tokio::test]
