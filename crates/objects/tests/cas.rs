@@ -336,6 +336,73 @@ async fn a_prepare_that_arrives_after_its_commit_or_abort_is_never_held() {
     }
 }
 
+/// Traced in `large_conditional_writes_are_prepared_in_content_files` on a loaded machine: a
+/// replica got an update's commit before its prepare, then the coordinator's abort of its next
+/// write (which failed its precondition elsewhere), then the update's prepare. When one decision
+/// per key was remembered, the abort replaced the commit and the late prepare was held as
+/// undecided: the key stayed busy and its content file stayed until the hold expired.
+#[tokio::test]
+async fn a_later_decision_on_the_key_does_not_forget_an_earlier_one() {
+    let daemons = cluster().await;
+    let target = daemons[1].node().peer_id();
+    let send =
+        |from: usize, phase: Phase, key: &'static str, stamp: Stamp, content: &'static [u8]| {
+            cas_phase(daemons[from].node(), target, phase, key, stamp, content)
+        };
+    let update = stamp_of(5, b"update");
+    assert_eq!(
+        send(0, Phase::Commit, "busy", update, b"").await,
+        CasAnswer::Mismatch(None)
+    );
+    let refused = stamp_of(6, b"refused elsewhere");
+    assert_eq!(
+        send(0, Phase::Abort, "busy", refused, b"").await,
+        CasAnswer::Done
+    );
+    let prepare = Phase::Prepare(Precondition::Absent);
+    assert_eq!(
+        send(0, prepare, "busy", update, b"update").await,
+        CasAnswer::Done
+    );
+    assert_eq!(
+        daemons[1].service().get_local("busy").unwrap().content,
+        "update"
+    );
+    // Applied, not held: another coordinator's conditional write is not refused as busy.
+    let next = stamp_of(7, b"next");
+    assert_eq!(
+        send(
+            2,
+            Phase::Prepare(Precondition::Matches(update)),
+            "busy",
+            next,
+            b"next"
+        )
+        .await,
+        CasAnswer::Done
+    );
+    // And the aborted write's late prepare is not held either.
+    assert_eq!(
+        send(0, prepare, "busy", refused, b"refused elsewhere").await,
+        CasAnswer::Busy
+    );
+    assert_eq!(
+        send(2, Phase::Abort, "busy", next, b"").await,
+        CasAnswer::Done
+    );
+    assert_eq!(
+        send(0, prepare, "busy", refused, b"refused elsewhere").await,
+        CasAnswer::Done
+    );
+    assert_eq!(
+        daemons[1].service().get_local("busy").unwrap().content,
+        "update"
+    );
+    for daemon in daemons {
+        daemon.shutdown().await.unwrap();
+    }
+}
+
 /// Files in a daemon's content directory: committed large objects and prepared large writes.
 fn content_files(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir.join("objects.content"))

@@ -86,12 +86,17 @@ const MAX_PENDING_FILE_BYTES: u64 = 1024 * 1024 * 1024;
 /// way (the phases travel on separate streams, so a commit can overtake its prepare).
 #[derive(Debug, Clone)]
 struct Decided {
-    owner: PeerId,
-    stamp: Stamp,
     /// Committed (the write is to be applied when its prepare arrives) or aborted.
     commit: bool,
     expires: Instant,
 }
+
+/// Which write a [`Decided`] is about: its key, coordinator and stamp. Several writes to one key
+/// can be decided while their prepares are on their way (a coordinator's commit of one write,
+/// then its abort of the next that failed its precondition elsewhere): each keeps its own
+/// decision, so a later one cannot make an earlier write's late prepare be held as if undecided
+/// (it then blocked the key and kept its content file until it expired).
+type DecidedWrite = (String, PeerId, Stamp);
 
 /// Most commits and aborts a node remembers for prepares still on their way; beyond it they are
 /// not remembered (a late prepare then waits for its expiry, as before there was this memory).
@@ -102,7 +107,7 @@ const MAX_DECIDED: usize = 4096;
 #[derive(Debug, Default)]
 pub(super) struct PendingWrites {
     held: HashMap<String, Pending>,
-    decided: HashMap<String, Decided>,
+    decided: HashMap<DecidedWrite, Decided>,
     /// Content bytes of large prepares still arriving into their content files (see
     /// [`Arriving`]).
     arriving_file_bytes: u64,
@@ -274,11 +279,7 @@ impl ObjectService {
                 CasAnswer::Busy
             }));
         }
-        if state
-            .decided
-            .get(key)
-            .is_some_and(|decided| decided.owner == owner && decided.stamp == stamp)
-        {
+        if state.decided.contains_key(&(key.to_string(), owner, stamp)) {
             // Committed or aborted before it arrived: `cas_local` decides with the content.
             return Ok(Ok(Arriving {
                 service: self.clone(),
@@ -339,11 +340,9 @@ impl ObjectService {
                 }
                 let decided = state
                     .decided
-                    .get(key)
-                    .filter(|decided| decided.owner == owner && decided.stamp == stamp)
+                    .remove(&(key.to_string(), owner, stamp))
                     .map(|decided| decided.commit);
                 if let Some(commit) = decided {
-                    state.decided.remove(key);
                     if !commit {
                         // Aborted already: nothing to hold.
                         return Ok(CasAnswer::Done);
@@ -715,16 +714,9 @@ impl PendingWrites {
 
     /// Remembers a commit or abort that found nothing prepared, unless [`MAX_DECIDED`] are.
     fn remember(&mut self, key: &str, owner: PeerId, stamp: Stamp, commit: bool, expires: Instant) {
-        if self.decided.len() < MAX_DECIDED || self.decided.contains_key(key) {
-            self.decided.insert(
-                key.to_string(),
-                Decided {
-                    owner,
-                    stamp,
-                    commit,
-                    expires,
-                },
-            );
+        let write = (key.to_string(), owner, stamp);
+        if self.decided.len() < MAX_DECIDED || self.decided.contains_key(&write) {
+            self.decided.insert(write, Decided { commit, expires });
         }
     }
 }
