@@ -242,6 +242,19 @@ async fn cas_phase(
     decode_cas_answer(&reply).unwrap().1.unwrap()
 }
 
+/// One phase sent from `daemons[from]` to `daemons[1]`.
+async fn to_second(
+    daemons: &[Daemon],
+    from: usize,
+    phase: Phase,
+    key: &str,
+    stamp: Stamp,
+    content: &[u8],
+) -> CasAnswer {
+    let target = daemons[1].node().peer_id();
+    cas_phase(daemons[from].node(), target, phase, key, stamp, content).await
+}
+
 fn stamp_of(version: u64, content: &[u8]) -> Stamp {
     Stamp {
         version,
@@ -283,10 +296,9 @@ async fn a_commit_that_finds_its_write_already_held_is_acknowledged() {
 #[tokio::test]
 async fn a_prepare_that_arrives_after_its_commit_or_abort_is_never_held() {
     let daemons = cluster().await;
-    let target = daemons[1].node().peer_id();
     let send =
         |from: usize, phase: Phase, key: &'static str, stamp: Stamp, content: &'static [u8]| {
-            cas_phase(daemons[from].node(), target, phase, key, stamp, content)
+            to_second(&daemons, from, phase, key, stamp, content)
         };
     // The commit overtakes its prepare: nothing to apply yet.
     let first = stamp_of(5, b"committed");
@@ -344,10 +356,9 @@ async fn a_prepare_that_arrives_after_its_commit_or_abort_is_never_held() {
 #[tokio::test]
 async fn a_later_decision_on_the_key_does_not_forget_an_earlier_one() {
     let daemons = cluster().await;
-    let target = daemons[1].node().peer_id();
     let send =
         |from: usize, phase: Phase, key: &'static str, stamp: Stamp, content: &'static [u8]| {
-            cas_phase(daemons[from].node(), target, phase, key, stamp, content)
+            to_second(&daemons, from, phase, key, stamp, content)
         };
     let update = stamp_of(5, b"update");
     assert_eq!(
