@@ -106,7 +106,7 @@ pub(super) struct Path {
     /// Packet numbers in the order sent; entries no longer in flight are skipped lazily.
     pub(super) outstanding: VecDeque<u64>,
     /// The latest of the path's packets known to have arrived (see [`Sender::handle_ack`]).
-    largest_acked_index: Option<u64>,
+    pub(super) largest_acked_index: Option<u64>,
     pub(super) delivered: u64,
     pub(super) next_probe: Option<Instant>,
     paused_until: Option<Instant>,
