@@ -331,11 +331,18 @@ impl Meshwire {
     /// path with no RTT sample yet (its packets may all still be on the way).
     ///
     /// The latest RTT shows the queue an earlier packet met, not the one a later packet joined:
-    /// a packet also arrives no sooner than the path's latest known arrival (its latest echo,
-    /// less the way back, taken as its largest acknowledged packet's) plus the packets sent
-    /// between the two, at the path's rate. Traced in the session sweep (seed 1, case 6): a 168 packets/s relay path
+    /// a packet also arrives no sooner than the path's latest known arrival (the echo of its
+    /// latest-sent packet echoed, less the way back) plus the packets sent between the two, at
+    /// the path's rate. Traced in the session sweep (seed 1, case 6): a 168 packets/s relay path
     /// held the first burst's last 53 packets for 0.3 s at the end of the transfer while three
     /// faster paths sat idle, since their arrival was taken as 0.1–0.25 s sooner than it was.
+    ///
+    /// The position counts from the echoed packet itself, not from the path's largest
+    /// acknowledged one: ACK ranges credit a path's packets that arrived through other paths'
+    /// copies (or guessed so), far ahead of what the path delivered. Traced in the session sweep
+    /// (seed 5, case 7): a 126 packets/s relay path's largest acknowledged index jumped from 16
+    /// to 63 while it had delivered about 20, so its queue of 1 s was taken as arrived and no
+    /// late copy went to the idle 5 ms path (0.89 s against a 0.32 s ideal; 0.45 s now).
     fn copy_arrival(&self, core: &Core, info: &InFlight, now: Instant) -> Option<Instant> {
         let state = core.paths.get(&info.path)?;
         let estimate = self.estimates.get(&info.path)?;
@@ -350,10 +357,10 @@ impl Meshwire {
         )
     }
 
-    /// When `info` arrives if the path delivers at its rate from its latest known arrival (its
-    /// latest echo less the way back, taken as its largest acknowledged packet's): 1 / rate
-    /// later for every packet sent between that one and `info`. `None` without a rate, an
-    /// acknowledged packet or an echo, or when `info` was sent before that packet.
+    /// When `info` arrives if the path delivers at its rate from its latest known arrival (the
+    /// echo of its latest-sent packet echoed, less the way back): 1 / rate later for every
+    /// packet sent between that one and `info`. `None` without a rate or an echo, or when
+    /// `info` was sent before the echoed packet.
     fn arrival_by_position(
         &self,
         state: &Path,
@@ -361,8 +368,8 @@ impl Meshwire {
         info: &InFlight,
     ) -> Option<Instant> {
         let rate = estimate.rate()?;
-        let ahead = info.path_index.checked_sub(state.largest_acked_index?)?;
-        let &(echoed_at, _, _) = estimate.echo_history.back()?;
+        let (echoed_index, echoed_at) = estimate.latest_echoed?;
+        let ahead = info.path_index.checked_sub(echoed_index)?;
         let arrived = echoed_at.checked_sub(state.one_way())?;
         Some(arrived + Duration::from_secs_f64(ahead as f64 / rate))
     }
@@ -473,12 +480,16 @@ impl WindowPolicy for Meshwire {
     /// that answers is re-admitted.
     fn on_echo(&mut self, core: &mut Core, path: PathId, echo: u64, now: Instant) {
         let sent = match core.in_flight.get(&echo) {
-            Some(info) => Some((info.path, info.sent_at, None)),
-            None => self.awaiting_echo.remove(&echo),
+            Some(info) => Some((info.path, info.sent_at, Some(info.path_index), false)),
+            None => self
+                .awaiting_echo
+                .remove(&echo)
+                .map(|(on, at, index)| (on, at, index, true)),
         };
-        let Some((sent_on, sent_at, left_flight_index)) = sent else {
+        let Some((sent_on, sent_at, echoed_index, left_flight)) = sent else {
             return;
         };
+        let left_flight_index = echoed_index.filter(|_| left_flight);
         // A transmission that left flight before its echo (acknowledged through another path's
         // ranges, or declared lost) still arrived in order on its path, and is evidence against
         // the path's earlier packets: without running loss detection here, packets lost just
@@ -499,6 +510,9 @@ impl WindowPolicy for Meshwire {
         }
         state.rtt.update(now.saturating_duration_since(sent_at));
         estimate.record_echo(sent_at, now);
+        if let Some(index) = echoed_index {
+            estimate.note_echoed_index(index, now);
+        }
         if let (Some(latest), Some(min)) = (state.rtt.latest(), state.rtt.min()) {
             if latest.as_secs_f64() > STARTUP_EXIT_RTT * min.as_secs_f64() {
                 estimate.startup = false;
@@ -509,6 +523,7 @@ impl WindowPolicy for Meshwire {
             state.state = PathState::Active;
             state.backoff = 0;
             estimate.echo_history.clear();
+            estimate.latest_echoed = None;
             core.stats.path_readmissions += 1;
         }
     }
@@ -632,6 +647,7 @@ impl WindowPolicy for Meshwire {
             }
             if let Some(estimate) = self.estimates.get_mut(&id) {
                 estimate.echo_history.clear();
+                estimate.latest_echoed = None;
                 estimate.departure_clock = None;
             }
         }

@@ -39,6 +39,9 @@ pub(super) struct Estimate {
     /// The latest echoes of this path's packets: when the echo came, echoes counted by then,
     /// and when the echoed packet was sent.
     pub(super) echo_history: VecDeque<(Instant, u64, Instant)>,
+    /// The latest-sent of this path's packets echoed on it (its position among the path's
+    /// packets) and when that echo came: the one packet known to have arrived at a known time.
+    pub(super) latest_echoed: Option<(u64, Instant)>,
     /// Echoes of this path's packets that came back on it.
     echoes: u64,
     /// Windowed maximum of delivery-rate samples, decreasing from front to back.
@@ -58,6 +61,7 @@ impl Estimate {
             min_ack_delay: None,
             startup: true,
             echo_history: VecDeque::new(),
+            latest_echoed: None,
             echoes: 0,
             rate_filter: VecDeque::new(),
             departure_clock: None,
@@ -128,6 +132,13 @@ impl Estimate {
                 bdp.max(startup).max(MIN_WINDOW_PACKETS).min(ceiling)
             }
             _ => self.window_packets.min(ceiling),
+        }
+    }
+
+    /// The echo at `now` of the path's packet at `index`, if none sent later has been echoed.
+    pub(super) fn note_echoed_index(&mut self, index: u64, now: Instant) {
+        if self.latest_echoed.is_none_or(|(latest, _)| index > latest) {
+            self.latest_echoed = Some((index, now));
         }
     }
 
