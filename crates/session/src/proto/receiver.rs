@@ -16,20 +16,22 @@ use super::{PathId, SessionConfig, SessionError, Transmit};
 ///
 /// The window starts at [`SessionConfig::receive_window_bytes`] and doubles, up to
 /// [`SessionConfig::max_receive_window_bytes`], when a segment flagged window-limited (the sender
-/// has more data and this window stops it) arrives while the application keeps up: the segments
+/// has more data and this window stops it within a round trip) arrives while the application
+/// keeps up: the segments
 /// that arrived in order and wait to be read fill at most half the window. A window that stops a
 /// sender whose receiver reads promptly is smaller than the paths' bandwidth-delay product (plus
 /// the reordering between paths); one that stops a sender because the application does not read
-/// stays as it is. A flag counts only once the sender has used the last growth (the segment
-/// reaches the window end that growth made), so the window doubles at most once per round trip
-/// of the sender seeing it. It never shrinks: segments sent into it stay acceptable. A sender
-/// that flags every segment gets the largest window, no more.
+/// stays as it is. A flag counts only on a segment the sender sent after it saw the last growth
+/// (at or past the window end before it: the end only moves forward, so nothing there was
+/// allowed before), so the window doubles at most once per round trip. It never shrinks:
+/// segments sent into it stay acceptable. A sender that flags every segment gets the largest
+/// window, no more.
 #[derive(Debug)]
 pub struct Receiver {
     window_segments: u64,
     max_window_segments: u64,
-    /// The window end right after the last growth; a window-limited flag below it is stale.
-    grown_until: u64,
+    /// The window end right before the last growth; a window-limited flag below it is stale.
+    grown_from: u64,
     /// Times the window doubled.
     window_growths: u64,
     /// Every segment below this was read by the application.
@@ -61,7 +63,7 @@ impl Receiver {
         Self {
             window_segments,
             max_window_segments: config.max_window_segments(),
-            grown_until: 0,
+            grown_from: 0,
             window_growths: 0,
             next_read_seq: 0,
             read_offset: 0,
@@ -138,17 +140,18 @@ impl Receiver {
     }
 
     /// Doubles the window (up to the largest) for a window-limited segment `seq`, if the sender
-    /// has used the last growth and the application keeps up, and announces it at once.
+    /// sent it after seeing the last growth and the application keeps up, and announces it at
+    /// once.
     fn grow_window(&mut self, seq: u64) {
         let waiting_in_order = self.contiguous_end.saturating_sub(self.next_read_seq);
-        if seq + 1 < self.grown_until
+        if seq < self.grown_from
             || self.window_segments >= self.max_window_segments
             || waiting_in_order > self.window_segments / 2
         {
             return;
         }
+        self.grown_from = self.window_end();
         self.window_segments = (2 * self.window_segments).min(self.max_window_segments);
-        self.grown_until = self.window_end();
         self.window_growths += 1;
         self.announce_window();
     }

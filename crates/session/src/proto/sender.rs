@@ -412,9 +412,14 @@ impl Core {
                     .is_some_and(|info| info.path == id && info.timed_out)
             })
         });
-        // Tells the receiver its window, not the paths, holds the rest of the data back: its cue
-        // to grow the window.
-        let window_limited = self.has_new_data() && self.next_seq >= self.peer_window_end;
+        // Tells the receiver its window, not the paths, holds the rest of the data back, or will
+        // within a round trip (the room left is less than what is in flight, about what the
+        // paths carry per round trip): its cue to grow the window. Flagged only once the window
+        // stopped the sender, the window grew a round trip after the stop and the paths idled
+        // that long: multipath sweep, seed 3, case 4 (two paths of 0.7 s RTT, a bandwidth-delay
+        // product of twice the 4 MiB start) waited 0.7 s with all of the window sent.
+        let room = self.peer_window_end.saturating_sub(self.next_seq);
+        let window_limited = self.has_new_data() && room < self.in_flight.len() as u64 + 1;
         let path = self.paths.get_mut(&id)?;
         let transmit = Transmit {
             path: id,
