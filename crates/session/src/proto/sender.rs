@@ -364,8 +364,17 @@ impl Core {
                 );
             }
             // Another copy still on its way may deliver it; if that one is lost too, its own
-            // loss queues the segment.
-            if segment.in_flight.is_empty() {
+            // loss queues the segment. A copy NCP's check timed out is not on its way: it stays
+            // in its connection's window only until acknowledged, and times out again only if
+            // that connection resends it. Counted as live, a path removed with the segment's
+            // one other copy in flight left it unqueued for good and the session stalled
+            // (`tests/session.rs`, NKP-0024 with a path removed and added again).
+            let on_its_way = segment.in_flight.iter().any(|other| {
+                self.in_flight
+                    .get(other)
+                    .is_some_and(|copy| !copy.timed_out)
+            });
+            if !on_its_way {
                 self.retransmit.entry(info.seq).or_insert(Some(info.path));
             }
         }
