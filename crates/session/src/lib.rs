@@ -79,7 +79,8 @@
 //! Receive window growth (meshwire): the window starts at `receive_window_bytes` (4 MiB) and
 //! doubles up to `max_receive_window_bytes` (16 MiB) when a segment flagged window-limited
 //! arrives (the sender had more data and the room left in the window was less than what it had
-//! in flight, so the window stops it within a round trip) while the application keeps up (the
+//! in flight or, under meshwire's policy, what its path windows would have in flight together,
+//! so the window stops it within a round trip) while the application keeps up (the
 //! in-order segments waiting to be read fill at most half the window), at most once per round
 //! trip (the flag counts only on a segment sent after the sender saw the last growth); the new
 //! end goes out on every path at once. A fixed 4 MiB window capped a session

@@ -565,6 +565,14 @@ impl WindowPolicy for Meshwire {
     fn on_send_error(&mut self, _: &mut Core, _: PathId, _: Instant) {}
 
     fn poll_transmit(&mut self, core: &mut Core, now: Instant) -> Option<Transmit> {
+        // What the active paths' windows would have in flight together: the window-limited
+        // flag compares the receive window's room with it.
+        core.flight_goal = core
+            .paths
+            .iter()
+            .filter(|(_, path)| path.state == PathState::Active)
+            .filter_map(|(id, path)| Some(self.window(path, self.estimates.get(id)?)))
+            .sum::<f64>() as u64;
         if let Some(transmit) = self.poll_probe(core, now) {
             return Some(transmit);
         }
