@@ -40,7 +40,7 @@
 //! busy takes its bandwidth-delay product in flight (about 13.5 MB there), and its bookkeeping,
 //! about 1.9 MB or 86 KB per peer, is already above issue 15's "one payload + 16 KiB per peer"
 //! in the large-payload cases, so that target cannot be met by bounding buffers alone: it needs
-//! leaner per-packet state than quinn keeps. The sweep's cases over it (10 of 24 at seeds 1–3)
+//! leaner per-packet state than quinn keeps. The sweep's cases over it (11 of 24 at seeds 1–3)
 //! are the ones whose payloads are large enough for windows of hundreds of KB.
 use std::cell::RefCell;
 use std::hash::{Hash, Hasher};
