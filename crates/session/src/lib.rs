@@ -172,7 +172,11 @@
 //!   → 1.395, multipath sweep seeds 1–4 median 1.188 → 1.214); the queued retransmissions
 //!   counted in the tail rule's water level (medians 1.343 → 1.349 and 1.188 → 1.188, the
 //!   multipath maximum 2.704 → 2.753), and quadrupling the receive window per growth (the same
-//!   medians, p90s and maxima). Repair symbols (coding over the segments in flight) are not built.
+//!   medians, p90s and maxima); the round trip charged only while the path that lost a segment
+//!   shows a queue (its latest RTT over 1.25 × its minimum, the startup exit test), as a loss
+//!   there is then likely its own congestion: the case 1.38 s and the session sweep's median
+//!   1.343 → 1.336, but its maximum 4.687 → 4.918 (seed 3, case 7) and p90 2.030 → 2.035.
+//!   Repair symbols (coding over the segments in flight) are not built.
 //! - meshwire on the lossy rows meets 0.97 (Σ-rate) at the scenario's seed (0.970, 0.975) but not at every seed
 //!   (above); closing the remaining ~30 ms would take redundancy before the data runs out (coding
 //!   or copies that cost capacity), which meshwire does not do.
