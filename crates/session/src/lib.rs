@@ -79,8 +79,8 @@
 //! Receive window growth (meshwire): the window starts at `receive_window_bytes` (4 MiB) and
 //! doubles up to `max_receive_window_bytes` (16 MiB) when a segment flagged window-limited
 //! arrives (the sender had more data and the room left in the window was less than what it had
-//! in flight or, under meshwire's policy, what its path windows would have in flight together,
-//! so the window stops it within a round trip) while the application keeps up (the
+//! in flight or, under meshwire's policy, what its paths carry per round trip together (1.25 ×
+//! rate × min RTT each), so the window stops it within a round trip) while the application keeps up (the
 //! in-order segments waiting to be read fill at most half the window), at most once per round
 //! trip (the flag counts only on a segment sent after the sender saw the last growth); the new
 //! end goes out on every path at once. A fixed 4 MiB window capped a session
@@ -161,7 +161,7 @@
 //! - On one fast lossy long path the rest of the gap is loss recovery and where it goes. Traced
 //!   on the multipath sweep's seed 4, case 21 (18,582 packets/s at 184 ms one way with 2.8%
 //!   loss, beside 347 packets/s at 144 ms; 1.45 s against an ideal of 0.63 s, 1.65 s since the
-//!   window-limited flag counts the path windows): the first round
+//!   window-limited flag counts what the paths carry per round trip): the first round
 //!   trip at the first burst (0.35 s); the 4 MiB start window held shut by the hole of the first
 //!   loss until its growth came back (0.2 s); and at the end, a retransmission lost again (one
 //!   more round trip), with the fast path's retransmissions dealt to the slow path (the path that

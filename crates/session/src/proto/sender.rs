@@ -175,7 +175,7 @@ pub(super) struct Core {
     pub(super) in_flight: HashMap<u64, InFlight>,
     next_packet_number: u64,
     pub(super) stats: SenderStats,
-    /// What the policy's path windows would have in flight together, in packets (0: no
+    /// What the policy expects its paths to carry per round trip together, in packets (0: no
     /// estimate): the window-limited flag compares the room left with it.
     pub(super) flight_goal: u64,
 }
@@ -427,14 +427,14 @@ impl Core {
         });
         // Tells the receiver its window, not the paths, holds the rest of the data back, or will
         // within a round trip: the room left is less than what the paths carry per round trip
-        // (the packets in flight, or what the policy's path windows would have in flight
+        // (the packets in flight, or what the policy expects the paths to carry per round trip
         // together, whichever is more). Its cue to grow the window. Flagged only once the
         // window stopped the sender, the window grew a round trip after the stop and the paths
         // idled that long: multipath sweep, seed 3, case 4 (two paths of 0.7 s RTT, a
         // bandwidth-delay product of twice the 4 MiB start) waited 0.7 s with all of the window
         // sent. Compared with the packets in flight alone, the flag still came a round trip
-        // late after a path's first burst, whose echoes raise its window at once while its
-        // flight grows only as it sends.
+        // late after a path's first burst, whose echoes give its rate at once while its flight
+        // grows only as it sends.
         let room = self.peer_window_end.saturating_sub(self.next_seq);
         let want = (self.in_flight.len() as u64).max(self.flight_goal);
         let window_limited = self.has_new_data() && room < want + 1;

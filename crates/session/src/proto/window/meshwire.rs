@@ -565,13 +565,16 @@ impl WindowPolicy for Meshwire {
     fn on_send_error(&mut self, _: &mut Core, _: PathId, _: Instant) {}
 
     fn poll_transmit(&mut self, core: &mut Core, now: Instant) -> Option<Transmit> {
-        // What the active paths' windows would have in flight together: the window-limited
-        // flag compares the receive window's room with it.
+        // What the active paths carry per round trip together, by their rate estimates (not
+        // the startup growth, which on a path that never shows a queue runs on without
+        // bound): the window-limited flag compares the receive window's room with it.
+        let ceiling = self.session_window_packets as f64;
         core.flight_goal = core
             .paths
             .iter()
             .filter(|(_, path)| path.state == PathState::Active)
-            .filter_map(|(id, path)| Some(self.window(path, self.estimates.get(id)?)))
+            .filter_map(|(id, path)| self.estimates.get(id)?.bdp_window(path))
+            .map(|bdp| bdp.min(ceiling))
             .sum::<f64>() as u64;
         if let Some(transmit) = self.poll_probe(core, now) {
             return Some(transmit);

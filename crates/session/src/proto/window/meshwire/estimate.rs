@@ -118,12 +118,19 @@ impl Estimate {
             .map_or(Duration::ZERO, |rate| Duration::from_secs_f64(1.0 / rate))
     }
 
-    /// The window: 1.25 × rate × min RTT (at least the startup window while in startup), within
+    /// 1.25 × rate × min RTT, once a rate and a delay are known: what the path carries per
+    /// round trip, with a quarter of headroom.
+    pub(super) fn bdp_window(&self, path: &Path) -> Option<f64> {
+        let rate = self.rate()?;
+        let min_rtt = path.rtt.min().or(self.min_ack_delay)?;
+        Some(WINDOW_GAIN * rate * min_rtt.as_secs_f64())
+    }
+
+    /// The window: [`Self::bdp_window`] (at least the startup window while in startup), within
     /// `ceiling`; the first burst until a rate and a delay are known.
     pub(super) fn window(&self, path: &Path, ceiling: f64) -> f64 {
-        match (self.rate(), path.rtt.min().or(self.min_ack_delay)) {
-            (Some(rate), Some(min_rtt)) => {
-                let bdp = WINDOW_GAIN * rate * min_rtt.as_secs_f64();
+        match self.bdp_window(path) {
+            Some(bdp) => {
                 let startup = if self.startup {
                     self.window_packets
                 } else {
@@ -131,7 +138,7 @@ impl Estimate {
                 };
                 bdp.max(startup).max(MIN_WINDOW_PACKETS).min(ceiling)
             }
-            _ => self.window_packets.min(ceiling),
+            None => self.window_packets.min(ceiling),
         }
     }
 
