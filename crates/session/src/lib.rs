@@ -80,10 +80,10 @@
 //! doubles up to `max_receive_window_bytes` (16 MiB) when a segment flagged window-limited
 //! arrives (the sender had more data and the room left in the window was less than what it had
 //! in flight or, under meshwire's policy, what its paths carry per round trip together (1.25 ×
-//! rate × min RTT each), so the window stops it within a round trip) while the application keeps up (the
-//! in-order segments waiting to be read fill at most half the window), at most once per round
-//! trip (the flag counts only on a segment sent after the sender saw the last growth); the new
-//! end goes out on every path at once. A fixed 4 MiB window capped a session
+//! rate × min RTT each), so the window stops it within a round trip) while the application
+//! keeps up (the in-order segments waiting to be read fill at most half the window), at most
+//! once per round trip (the flag counts only on a segment sent after the sender saw the last
+//! growth); the new end goes out on every path at once. A fixed 4 MiB window capped a session
 //! at 4 MiB per round trip: on the multipath sweep's case 1 (six paths, 20,359 packets/s in all,
 //! the fastest at 213 ms) a 64 MiB transfer reached 0.468 of its floor with it and 0.858 with
 //! growth. A reader that does not read keeps the window where it is (the stop is its own); a

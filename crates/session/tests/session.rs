@@ -125,7 +125,6 @@ impl Pair {
     /// Removes and re-adds the sender's paths as their schedules say; the next instant one is
     /// due.
     fn apply_removals(&mut self, now: Instant) -> Option<Instant> {
-        let mut next: Option<Instant> = None;
         for (index, removal) in self.removals.iter_mut().enumerate() {
             let path = PathId(index as u32);
             if let Removal::Due { from, to } = *removal {
@@ -140,17 +139,15 @@ impl Pair {
                     *removal = Removal::Done;
                 }
             }
-            let due = match *removal {
+        }
+        self.removals
+            .iter()
+            .filter_map(|removal| match *removal {
                 Removal::Due { from, .. } => Some(from),
                 Removal::Removed { to } => Some(to),
                 Removal::Never | Removal::Done => None,
-            };
-            next = match (next, due) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-        }
-        next
+            })
+            .min()
     }
 
     /// Runs until every byte of `data` is read or `limit` passes; returns whether it finished.

@@ -18,10 +18,9 @@ use super::{PathId, SessionConfig, SessionError, Transmit};
 /// [`SessionConfig::max_receive_window_bytes`], when a segment flagged window-limited (the sender
 /// has more data and this window stops it within a round trip) arrives while the application
 /// keeps up: the segments that arrived in order and wait to be read fill at most half the
-/// window. A window that stops a
-/// sender whose receiver reads promptly is smaller than the paths' bandwidth-delay product (plus
-/// the reordering between paths); one that stops a sender because the application does not read
-/// stays as it is. A flag counts only on a segment the sender sent after it saw the last growth
+/// window. A window that stops a sender whose receiver reads promptly is smaller than the paths'
+/// bandwidth-delay product (plus the reordering between paths); one that stops a sender because
+/// the application does not read stays as it is. A flag counts only on a segment the sender sent after it saw the last growth
 /// (at or past the window end before it: the end only moves forward, so nothing there was
 /// allowed before), so the window doubles at most once per round trip. It never shrinks:
 /// segments sent into it stay acceptable. A sender that flags every segment gets the largest

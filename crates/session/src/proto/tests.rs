@@ -553,8 +553,8 @@ fn read_all(receiver: &mut Receiver) {
 }
 
 /// The window doubles only when a sender says the window stops it while the application keeps
-/// up, at most once per round trip of the sender seeing the last growth, never past the largest window, and never for
-/// NCP's policies (a fixed session window).
+/// up, at most once per round trip of the sender seeing the last growth, never past the largest
+/// window, and never for NCP's policies (a fixed session window).
 #[test]
 fn the_receive_window_grows_only_for_a_stopped_sender_and_a_prompt_reader() {
     let now = Instant::now();
