@@ -4,7 +4,7 @@
 # count, then the criterion benchmarks with their allocation counts, then the HTTP benchmark
 # (bench/http.sh, needs wrk), the object store (bench/store.sh), the floods (bench/floods.sh,
 # about 3 min), a connection flood (bench/http-flood.sh, about 5 s) and the transport against plain
-# quinn (bench/transport.sh, about 30 s).
+# quinn (bench/transport.sh, about 1 min).
 # Cost on a 2-core machine (release build, after the build): scenarios and sweeps about 20 min
 # (ic-gossip the longest; each sweep file states its own cost), benchmarks about 8 min.
 # The benchmarks measure wall-clock speed: run them on an otherwise idle machine.
@@ -179,7 +179,7 @@ formatter=http_flood_section bench_section "HTTP connection flood" bench/http-fl
 
 # meshwire's bulk transfer beside plain quinn on one loopback connection (bench/transport.sh).
 transport_section() {
-  printf '`bash bench/transport.sh`: one connection on 127.0.0.1, 3 alternating rounds of 1 GiB per\n'
+  printf '`bash bench/transport.sh`: one connection on 127.0.0.1, 7 alternating rounds of 1 GiB per\n'
   printf 'side: meshwire batches between two default nodes, and plain quinn as its `perf` tool uses it\n'
   printf '(default transport config, one unidirectional stream), both from one release build of\n'
   printf '`crates/meshwire/examples/transport.rs`. Gbit/s timed by the sender until every byte is\n'
