@@ -263,11 +263,10 @@ struct PacedBursts {
     /// When this round's latest acknowledgement came, and when its packet was sent.
     last: Option<(Instant, Instant)>,
     /// The window this round began with and the bytes the round before acknowledged, when that
-    /// round's burst was paced: each byte acknowledged now is credited `window / previous`
-    /// times (`previous` 0: no extra credit).
-    window: u64,
-    previous: u64,
-    /// Extra credit left in this round: [`APP_LIMITED_GROWTH`] × `window`.
+    /// round's burst was paced and smaller than the window: each byte acknowledged now is
+    /// credited `window / previous` times.
+    boost: Option<(u64, u64)>,
+    /// Extra credit left in this round: [`APP_LIMITED_GROWTH`] × the window it began with.
     budget: u64,
 }
 
@@ -299,15 +298,12 @@ impl PacedBursts {
         min_rtt: Duration,
     ) -> u64 {
         if self.mark.is_none_or(|mark| sent > mark) {
-            let paced = self.acked > burst && self.kept_pace(min_rtt);
-            (self.window, self.previous, self.budget) = if paced {
-                (
-                    window,
-                    self.acked,
-                    window.saturating_mul(APP_LIMITED_GROWTH),
-                )
+            let paced = self.acked > burst && self.acked < window && self.kept_pace(min_rtt);
+            self.boost = paced.then_some((window, self.acked));
+            self.budget = if paced {
+                window.saturating_mul(APP_LIMITED_GROWTH)
             } else {
-                (0, 0, 0)
+                0
             };
             self.acked = 0;
             self.first = None;
@@ -316,11 +312,11 @@ impl PacedBursts {
         self.first.get_or_insert((now, sent));
         self.last = Some((now, sent));
         self.acked = self.acked.saturating_add(bytes);
-        if self.previous == 0 || self.window <= self.previous {
+        let Some((window, previous)) = self.boost else {
             return 0;
-        }
-        let scaled = u128::from(bytes) * u128::from(APP_LIMITED_GROWTH) * u128::from(self.window)
-            / u128::from(self.previous);
+        };
+        let scaled = u128::from(bytes) * u128::from(APP_LIMITED_GROWTH) * u128::from(window)
+            / u128::from(previous);
         let extra = u64::try_from(scaled)
             .unwrap_or(u64::MAX)
             .saturating_sub(bytes.saturating_mul(APP_LIMITED_GROWTH))
@@ -788,7 +784,7 @@ mod tests {
         for packet in 0..packets {
             bursts.on_sent(sent + send_gap * packet);
         }
-        let burst = pacer_burst(window, delay, 1200);
+        let at_once = pacer_burst(window, delay, 1200);
         (0..packets)
             .map(|packet| {
                 let at = sent + send_gap * packet;
@@ -797,7 +793,7 @@ mod tests {
                     at,
                     1200,
                     window,
-                    burst,
+                    at_once,
                     delay,
                 )
             })
