@@ -390,7 +390,15 @@
 //!   estimate read 216–311 packets/s (a windowed maximum of samples whose echoes came back
 //!   bunched), so its window reached 391 packets (1.25 × rate × the 1 s minimum RTT), the
 //!   smoothed RTT 2–2.6 s, and the queue overflowed (153 retransmissions); without claims
-//!   quinn's window sat under that estimate.
+//!   quinn's window sat under that estimate. Traced since (2026-12-04): the samples over 128/s
+//!   came from a bunch of 70 echoes that arrived at one instant after 436 ms of silence. A
+//!   sample spans the echoes since the one that had come back when its packet was sent, but
+//!   the echo history kept only the 2 s rate window, shorter than that path's 2.3 s round
+//!   trip, so every sample fell back to its last 32 echoes, which inside a bunch read the send
+//!   rate (229/s). The history now reaches back twice the echo's round trip: that row 0.843 →
+//!   0.975 (20 retransmissions); every other `session-quic` row, `ncp-table` at seeds 1–8,
+//!   `ncp-converge`, `fairness` and the multipath sweep at seeds 1–8 unchanged; in the session
+//!   sweep (seeds 1–8) one case of 96 moved, by 0.0006.
 //!   The session sweep (`scenarios/sweeps/session.toml`, meshwire only, seeds 1–8, 96 cases),
 //!   transfer time over the latency-aware ideal, median / p90 / max: 2.001 / 4.409 / 13.838 →
 //!   1.405 / 2.727 / 4.698 (69 cases better by more than 5%, 16 worse). `scenarios/fairness.toml`,

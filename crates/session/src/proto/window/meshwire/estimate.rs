@@ -152,7 +152,8 @@ impl Estimate {
     /// Counts an echo of a packet sent on this path at `sent` that came back on it at `now`,
     /// and takes one delivery-rate sample over the echoes since the last one that had come back
     /// when that packet was sent (a round trip's worth, as BBR's samples span one; at least the
-    /// last [`RATE_SPAN_ACKS`] echoes, at most [`MAX_ECHO_HISTORY`] or [`RATE_WINDOW`]): the packets
+    /// last [`RATE_SPAN_ACKS`] echoes, at most [`MAX_ECHO_HISTORY`] or the longer of
+    /// [`RATE_WINDOW`] and twice this echo's round trip): the packets
     /// they echo over the longer of the time the echoes took to arrive and the time the packets
     /// took to send (the send interval bounds the sample by the rate the packets went out at,
     /// as in BBR's delivery-rate estimation, draft-cheng-iccrg-delivery-rate-estimation).
@@ -163,12 +164,15 @@ impl Estimate {
     pub(super) fn record_echo(&mut self, sent: Instant, now: Instant) {
         self.echoes += 1;
         self.echo_history.push_back((now, self.echoes, sent));
+        // The history reaches back a round trip, so the echo that had come back when this packet
+        // was sent is still there on a path slower than the rate window.
+        let horizon = RATE_WINDOW.max(2 * now.saturating_duration_since(sent));
         while self.echo_history.len() > MAX_ECHO_HISTORY
             || self.echo_history.len() > RATE_SPAN_ACKS + 1
                 && self
                     .echo_history
                     .front()
-                    .is_some_and(|&(at, _, _)| now.saturating_duration_since(at) > RATE_WINDOW)
+                    .is_some_and(|&(at, _, _)| now.saturating_duration_since(at) > horizon)
         {
             self.echo_history.pop_front();
         }
@@ -278,6 +282,31 @@ mod tests {
         let rate = estimate.rate().expect("sampled");
         assert!(rate <= 1000.0 * WINDOW_GAIN, "{rate}");
         assert!(rate >= 900.0, "{rate}");
+    }
+
+    #[test]
+    fn bunched_echoes_do_not_overstate_a_path_whose_round_trip_exceeds_the_rate_window() {
+        // A 128 packets/s path, 1.8 s round trip, sent at 256/s so that a queue builds (the
+        // session-quic `direct+slow-relay` row, where the relay path's echoes came back after
+        // a 436 ms silence, 70 at one instant). A sample over the last 32 echoes
+        // of a bunch read the send rate; once the history no longer reached back to the echo
+        // that had come back when the packet was sent, every sample did (the round trip passed
+        // the 2 s rate window), and the window grew on 256/s.
+        let start = Instant::now();
+        let mut estimate = Estimate::new(128.0);
+        let bunch = 0.4;
+        for packet in 0..1500u32 {
+            let sent = f64::from(packet) / 256.0;
+            let arrived = 1.8 + f64::from(packet) / 128.0;
+            let echoed = (arrived / bunch).ceil() * bunch;
+            estimate.record_echo(
+                start + Duration::from_secs_f64(sent),
+                start + Duration::from_secs_f64(echoed),
+            );
+        }
+        let rate = estimate.rate().expect("sampled");
+        assert!(rate <= 128.0 * WINDOW_GAIN, "{rate}");
+        assert!(rate >= 100.0, "{rate}");
     }
 
     #[test]
