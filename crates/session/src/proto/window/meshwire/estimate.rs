@@ -286,12 +286,12 @@ mod tests {
 
     #[test]
     fn bunched_echoes_do_not_overstate_a_path_whose_round_trip_exceeds_the_rate_window() {
-        // A 128 packets/s path, 1.8 s round trip, sent at 256/s so that a queue builds (the
-        // session-quic `direct+slow-relay` row, where the relay path's echoes came back after
-        // a 436 ms silence, 70 at one instant). A sample over the last 32 echoes
-        // of a bunch read the send rate; once the history no longer reached back to the echo
-        // that had come back when the packet was sent, every sample did (the round trip passed
-        // the 2 s rate window), and the window grew on 256/s.
+        // A 128 packets/s path with a round trip of 1.8 s and growing: it is sent 256/s, so a
+        // queue builds, and its echoes come back 400 ms at a time (the session-quic
+        // `direct+slow-relay` row, where 70 of the relay path's echoes arrived at one instant
+        // after 436 ms of silence). A sample over the last 32 echoes of a bunch reads the send
+        // rate; with the history cut at the 2 s rate window, shorter than the round trip, every
+        // sample was one of those, and the rate read 256/s.
         let start = Instant::now();
         let mut estimate = Estimate::new(128.0);
         let bunch = 0.4;
