@@ -286,19 +286,20 @@ impl PacedBursts {
         self.last_sent = Some(now);
     }
 
-    /// Counts `bytes` acknowledged at `now` of a packet sent at `sent`, at `window` (whose pacer
-    /// burst is `burst`), and returns their extra credit (see the type's docs).
+    /// Counts `bytes` acknowledged at `now` of a packet sent at `sent`, at `window`, and returns
+    /// their extra credit (see the type's docs). `burst` gives the pacer's burst at that window,
+    /// asked for only when a round ends.
     fn on_ack(
         &mut self,
         now: Instant,
         sent: Instant,
         bytes: u64,
         window: u64,
-        burst: u64,
+        burst: impl FnOnce() -> u64,
         min_rtt: Duration,
     ) -> u64 {
         if self.mark.is_none_or(|mark| sent > mark) {
-            let paced = self.acked > burst && self.acked < window && self.kept_pace(min_rtt);
+            let paced = self.acked < window && self.acked > burst() && self.kept_pace(min_rtt);
             self.boost = paced.then_some((window, self.acked));
             self.budget = if paced {
                 window.saturating_mul(APP_LIMITED_GROWTH)
@@ -559,10 +560,15 @@ impl Controller for Meshwire {
         }
         let window = self.inner.window();
         let cap = self.app_limited_cap(rtt);
-        let burst = pacer_burst(window, rtt.get(), self.mtu);
-        let boost = self
-            .bursts
-            .on_ack(now, sent, bytes, window, burst, rtt.min());
+        let (smoothed, mtu) = (rtt.get(), self.mtu);
+        let boost = self.bursts.on_ack(
+            now,
+            sent,
+            bytes,
+            window,
+            || pacer_burst(window, smoothed, mtu),
+            rtt.min(),
+        );
         let keep_starting = app_limited
             && !self.filter.congested()
             && !self.filter.queue_present()
@@ -793,7 +799,7 @@ mod tests {
                     at,
                     1200,
                     window,
-                    at_once,
+                    || at_once,
                     delay,
                 )
             })
