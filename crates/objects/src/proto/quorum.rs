@@ -59,20 +59,14 @@
 //!     its tail estimate, or fails, the next-best peer is asked in its place. At most
 //!     `max_in_flight` attempts that are not late are out: a late attempt still counts if it
 //!     answers but holds no place, so when most peers are slow the plan keeps routing around them
-//!     instead of waiting. A peer with no chance of answering in time (late on a request already
-//!     out, or unreachable) is asked only while fewer attempts are out than answers are still
-//!     needed: once only such peers are left, asking more of them buys no earlier answer. In the
-//!     quorum sweep (hedged, seeds 1–8) that took the one case whose requests ran over 1.25× the
-//!     quorum (seed 3 case 4: 14 replicas, 9 slow at 2.6 s, 3 dead, quorum 5; until the slow
-//!     replicas' first answers every read asked all 14) from 2.27× to 1.07×, every p99 within
-//!     0.01 of what it was. Done as soon as `quorum` peers answered.
+//!     instead of waiting. Done as soon as `quorum` peers answered.
 //!
 //! Extra requests are paid from a budget shared by all plans, as gRPC's and Finagle's retry
 //! budgets: every plan's first `fanout` requests earn `extra_request_ratio` (0.2) each, every
 //! request beyond them costs one, and at most `extra_request_reserve` (32) is saved up. The
 //! budget starts full, so a client that knows nobody can ask several strangers at once; once it
 //! knows who answers in time it asks the quorum alone. Hedges are paid from the same budget but
-//! are never refused by it: a late peer is replaced while someone left can answer in time.
+//! are never refused by it: a late peer is always replaced.
 //!
 //! A plan with fewer reachable candidates than its quorum is done at once
 //! ([`Finish::Unreachable`]): no answer could make the quorum, so nobody waits for the deadline.

@@ -91,14 +91,6 @@ impl Slots {
             .position(|state| *state == SlotState::Waiting)
     }
 
-    /// The first candidate not asked yet with some chance of answering in time.
-    pub(super) fn next_waiting_with_chance(&self) -> Option<usize> {
-        self.states
-            .iter()
-            .zip(&self.timely)
-            .position(|(state, timely)| *state == SlotState::Waiting && *timely > 0.0)
-    }
-
     /// The probability that at least `needed` of the attempts in flight and not yet late answer
     /// in time, each independently with its candidate's timeliness (a Poisson-binomial tail).
     pub(super) fn chance_of_quorum(&self, needed: usize) -> f64 {
