@@ -62,8 +62,9 @@
 //!     instead of waiting. Done as soon as `quorum` peers answered.
 //!
 //! Extra requests are paid from a budget shared by all plans, as gRPC's and Finagle's retry
-//! budgets: every plan's first `fanout` requests earn `extra_request_ratio` (0.2) each, every
-//! request beyond them costs one, and at most `extra_request_reserve` (32) is saved up. The
+//! budgets: every plan's first `fanout` requests earn `extra_request_ratio` (0.2) each when it
+//! ends, every request beyond them costs one as it is made (so plans running at once see what
+//! the others spent), and at most `extra_request_reserve` (32) is saved up. The
 //! budget starts full, so a client that knows nobody can ask several strangers at once; once it
 //! knows who answers in time it asks the quorum alone. Hedges are paid from the same budget but
 //! are never refused by it: a late peer is always replaced.

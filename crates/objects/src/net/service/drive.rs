@@ -86,6 +86,9 @@ where
 {
     let mut in_flight = FuturesUnordered::new();
     let mut answers = Vec::new();
+    let fanout = plan.config().fanout;
+    // Requests beyond the fanout are paid for as they are made.
+    let mut paid = 0;
     loop {
         let at = now();
         while let Some(peer) = plan.poll_ask(at) {
@@ -97,9 +100,17 @@ where
                 (peer, result)
             });
         }
-        plan.report_late(at, &mut lock(scores));
+        {
+            let mut scores = lock(scores);
+            let extra = plan.asked().saturating_sub(fanout);
+            if extra > paid {
+                scores.spend(extra - paid);
+                paid = extra;
+            }
+            plan.report_late(at, &mut scores);
+        }
         if let Some(outcome) = plan.outcome() {
-            lock(scores).settle(plan.config().fanout, outcome.asked);
+            lock(scores).settle(fanout);
             match leftover {
                 Leftover::FollowUp if !in_flight.is_empty() => {
                     let due = plan.pending_due();

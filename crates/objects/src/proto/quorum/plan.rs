@@ -229,6 +229,11 @@ impl<P: Copy + Eq> QuorumPlan<P> {
         self
     }
 
+    /// Peers asked so far.
+    pub fn asked(&self) -> usize {
+        self.asked
+    }
+
     /// The settings.
     pub fn config(&self) -> &QuorumConfig {
         &self.slots.config

@@ -251,14 +251,28 @@ fn uncertain_peers_are_asked_in_parallel_within_the_budget() {
     let mut plan = broke.plan(config, &candidates, t0, &mut rng).unwrap();
     assert_eq!(std::iter::from_fn(|| plan.poll_ask(t0)).count(), 1);
     // Extra requests are paid for; plans that need none earn the budget back.
-    scores.settle(1, 7);
+    scores.spend(6);
+    scores.settle(1);
     assert_eq!(scores.extra_budget(), 26);
     for _ in 0..10 {
-        scores.settle(1, 1);
+        scores.settle(1);
     }
     assert_eq!(scores.extra_budget(), 28);
-    broke.settle(1, 1);
+    broke.settle(1);
     assert_eq!(broke.extra_budget(), 0);
+    // What a plan spends is gone at once for the plans made while it still runs: among
+    // strangers, a second plan gets one extra ask where the first took six.
+    let mut shared = PeerScores::<u32>::new(ScoreConfig {
+        explore_probability: 0.0,
+        extra_request_reserve: 7.0,
+        ..ScoreConfig::default()
+    });
+    let mut first = shared.plan(config, &candidates, t0, &mut rng).unwrap();
+    let asked = std::iter::from_fn(|| first.poll_ask(t0)).count();
+    assert_eq!(asked, 7);
+    shared.spend(asked - 1);
+    let mut second = shared.plan(config, &candidates, t0, &mut rng).unwrap();
+    assert_eq!(std::iter::from_fn(|| second.poll_ask(t0)).count(), 2);
 }
 
 #[test]
