@@ -59,7 +59,15 @@
 //!     its tail estimate, or fails, the next-best peer is asked in its place. At most
 //!     `max_in_flight` attempts that are not late are out: a late attempt still counts if it
 //!     answers but holds no place, so when most peers are slow the plan keeps routing around them
-//!     instead of waiting. Done as soon as `quorum` peers answered.
+//!     instead of waiting. A peer with no chance of answering in time (overdue on a request
+//!     already out, or unreachable) is asked only while fewer attempts are out than answers are
+//!     still needed: once only such peers are left, asking more of them buys no earlier answer.
+//!     A peer whose lateness history alone gives it a timeliness of 0 is not such a peer (one
+//!     late answer is no proof that the next is late too): a rule keyed on that timeliness
+//!     waited on a stopped replica's attempt instead of asking a healthy one. In the quorum
+//!     sweep (hedged, seeds 1–8) the rule took seed 3 case 4 (14 replicas, 9 slow at 2.6 s, 3
+//!     dead, quorum 5) from 1.21× to 1.11× the quorum, every p99 as it was. Done as soon as
+//!     `quorum` peers answered.
 //!
 //! Extra requests are paid from a budget shared by all plans, as gRPC's and Finagle's retry
 //! budgets: every plan's first `fanout` requests earn `extra_request_ratio` (0.2) each when it
@@ -67,7 +75,7 @@
 //! the others spent), and at most `extra_request_reserve` (32) is saved up. The
 //! budget starts full, so a client that knows nobody can ask several strangers at once; once it
 //! knows who answers in time it asks the quorum alone. Hedges are paid from the same budget but
-//! are never refused by it: a late peer is always replaced.
+//! are never refused by it: a late peer is replaced while someone left can answer in time.
 //!
 //! A plan with fewer reachable candidates than its quorum is done at once
 //! ([`Finish::Unreachable`]): no answer could make the quorum, so nobody waits for the deadline.

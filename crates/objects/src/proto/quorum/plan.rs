@@ -17,6 +17,9 @@ pub struct Candidate<P> {
     pub timely: f64,
     /// Whether the transport can reach it now.
     pub reachable: bool,
+    /// Whether a request to it is already out past its hedge delay: a new one would queue
+    /// behind that and cannot answer in time either.
+    pub overdue: bool,
 }
 
 impl<P> Candidate<P> {
@@ -27,6 +30,7 @@ impl<P> Candidate<P> {
             hedge_after,
             timely: 0.5,
             reachable: true,
+            overdue: false,
         }
     }
 }
@@ -53,6 +57,10 @@ pub(super) struct Slots {
     pub(super) hedge_after: Vec<Duration>,
     /// Each candidate's probability of answering by its hedge delay.
     pub(super) timely: Vec<f64>,
+    /// Candidates with no chance of answering in time: overdue on a request already out, or
+    /// unreachable. (A timeliness of 0 from the lateness history alone is not that: one late
+    /// answer is no proof the next one is late too.)
+    pub(super) hopeless: Vec<bool>,
     /// Extra first asks (beyond `fanout`) the plan may still make for uncertain peers.
     pub(super) spare: usize,
     /// Candidates that became late since the driver last collected them.
@@ -89,6 +97,14 @@ impl Slots {
         self.states
             .iter()
             .position(|state| *state == SlotState::Waiting)
+    }
+
+    /// The first candidate not asked yet with some chance of answering in time.
+    pub(super) fn next_waiting_with_chance(&self) -> Option<usize> {
+        self.states
+            .iter()
+            .zip(&self.hopeless)
+            .position(|(state, hopeless)| *state == SlotState::Waiting && !*hopeless)
     }
 
     /// The probability that at least `needed` of the attempts in flight and not yet late answer
@@ -191,6 +207,10 @@ impl<P: Copy + Eq> QuorumPlan<P> {
         let explore = explore.filter(|index| spread.explores() && *index < count);
         let reachable = candidates.iter().filter(|c| c.reachable).count();
         let timely = candidates.iter().map(|c| c.timely).collect();
+        let hopeless = candidates
+            .iter()
+            .map(|c| c.overdue || !c.reachable)
+            .collect();
         let (peers, hedge_after) = candidates
             .into_iter()
             .map(|candidate| (candidate.peer, candidate.hedge_after))
@@ -203,6 +223,7 @@ impl<P: Copy + Eq> QuorumPlan<P> {
                 config,
                 hedge_after,
                 timely,
+                hopeless,
                 spare: 0,
                 newly_late: Vec::new(),
                 states: vec![SlotState::Waiting; count],

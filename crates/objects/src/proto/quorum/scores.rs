@@ -507,10 +507,12 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
                         self.timely(peer),
                     ),
                 };
-                let (score, timely) = match self.oldest_outstanding(peer, now) {
-                    Some(age) if age > hedge_after => (score.max(age.as_secs_f64() * 1e3), 0.0),
-                    Some(age) => (score.max(age.as_secs_f64() * 1e3), timely),
-                    None => (score, timely),
+                let (score, timely, overdue) = match self.oldest_outstanding(peer, now) {
+                    Some(age) if age > hedge_after => {
+                        (score.max(age.as_secs_f64() * 1e3), 0.0, true)
+                    }
+                    Some(age) => (score.max(age.as_secs_f64() * 1e3), timely, false),
+                    None => (score, timely, false),
                 };
                 // What asking it is expected to cost: its latency, plus, with the chance that it
                 // is late, the hedge delay spent waiting on it before someone else is asked.
@@ -529,6 +531,7 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
                     hedge_after,
                     timely: if hint.reachable { timely } else { 0.0 },
                     reachable: hint.reachable,
+                    overdue,
                 };
                 (if hint.reachable { cost } else { f64::INFINITY }, candidate)
             })
@@ -560,6 +563,7 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
                     hedge_after: self.tail_latency(*peer),
                     timely: self.timely(*peer),
                     reachable: hint.reachable,
+                    overdue: false,
                 })
                 .collect()
         };

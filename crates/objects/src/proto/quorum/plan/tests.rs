@@ -142,6 +142,66 @@ fn hedged_keeps_asking_when_every_attempt_out_is_late() {
 }
 
 #[test]
+fn peers_with_no_chance_in_time_are_asked_only_to_keep_the_quorum_out() {
+    let t0 = Instant::now();
+    let quorum_two = QuorumConfig {
+        quorum: 2,
+        fanout: 2,
+        ..config(Policy::Hedged)
+    };
+    // Peer 0 answers in time; peers 1-4 are overdue on requests already out (timeliness 0), and
+    // peer 5, ranked last, is a stranger at even odds.
+    let mut list = candidates(6, ms(50));
+    for candidate in &mut list[1..5] {
+        candidate.timely = 0.0;
+        candidate.overdue = true;
+    }
+    list[0].timely = 1.0;
+    let mut plan = QuorumPlan::new(quorum_two, list, None, t0)
+        .unwrap()
+        .with_spare(8);
+    // The two first choices, then the chance below confidence buys one extra ask: the peer that
+    // can still answer in time, not the late ones ranked before it.
+    assert_eq!(drain(&mut plan, t0), vec![0, 1, 5]);
+    plan.handle_answer(0, t0 + ms(10));
+    // Peers 1 and 5 pass their hedge delay: one answer is still needed and two attempts are out,
+    // so no late peer is added to them.
+    assert_eq!(drain(&mut plan, t0 + ms(50)), Vec::<u32>::new());
+    // Peer 1 fails: one attempt is out, one answer needed, so still no one.
+    plan.handle_failure(1, t0 + ms(60));
+    assert_eq!(drain(&mut plan, t0 + ms(60)), Vec::<u32>::new());
+    // Peer 5 fails too: the next late peer is asked, as the only way left to the quorum.
+    plan.handle_failure(5, t0 + ms(70));
+    assert_eq!(drain(&mut plan, t0 + ms(70)), vec![2]);
+    plan.handle_answer(2, t0 + ms(400));
+    assert_eq!(plan.outcome().unwrap().finish, Finish::Quorum);
+    assert_eq!(plan.outcome().unwrap().asked, 4);
+}
+
+#[test]
+fn a_peer_late_once_is_still_asked_in_place_of_a_late_attempt() {
+    let t0 = Instant::now();
+    let quorum_two = QuorumConfig {
+        quorum: 2,
+        fanout: 2,
+        ..config(Policy::Hedged)
+    };
+    // Three replicas, one of them just stopped (peer 1, still ranked second); peer 2's last
+    // answer was late, so its timeliness is 0, but no request to it is out: it can answer now.
+    let mut list = candidates(3, ms(50));
+    list[0].timely = 1.0;
+    list[1].timely = 1.0;
+    list[2].timely = 0.0;
+    let mut plan = QuorumPlan::new(quorum_two, list, None, t0).unwrap();
+    assert_eq!(drain(&mut plan, t0), vec![0, 1]);
+    plan.handle_answer(0, t0 + ms(1));
+    // The stopped replica passes its hedge delay: peer 2 is asked rather than waited behind it.
+    assert_eq!(drain(&mut plan, t0 + ms(50)), vec![2]);
+    plan.handle_answer(2, t0 + ms(52));
+    assert_eq!(plan.outcome().unwrap().finish, Finish::Quorum);
+}
+
+#[test]
 fn late_peers_are_reported_once_as_they_pass_their_hedge_delay() {
     let mut scores = PeerScores::new(ScoreConfig::default());
     let t0 = Instant::now();

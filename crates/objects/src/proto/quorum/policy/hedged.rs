@@ -10,7 +10,10 @@ use crate::proto::quorum::plan::{SlotState, Slots, CONFIDENCE};
 /// flight reach quorum in time is below [`CONFIDENCE`], the next-best too (at most `spare` of
 /// those); the next-best asked for each late or failed one; at most `max_in_flight` attempts out
 /// that are not late. A late attempt still counts if it answers, but no longer holds a place:
-/// when every attempt out is late, the plan keeps asking rather than wait on them.
+/// when every attempt out is late, the plan keeps asking rather than wait on them, as long as
+/// someone left can answer in time. Peers with no such chance (overdue on a request already out,
+/// or unreachable) are asked only to keep the answers still needed out at all: asking more of
+/// them than that buys no earlier answer, only requests.
 #[derive(Debug, Clone, Copy)]
 pub(in crate::proto::quorum) struct Hedged;
 
@@ -55,11 +58,21 @@ impl Spread for Hedged {
         }
         let needed = slots.config.quorum.saturating_sub(slots.answers);
         if live < needed {
-            return Some(next);
+            // A peer with no chance of answering in time (overdue on a request already out, or
+            // unreachable) is no better than the late attempts out: it is asked only while
+            // fewer than `needed` attempts are out at all, and a peer with a chance further
+            // down the ranking goes first.
+            if !slots.hopeless[next] || slots.in_flight() < needed {
+                return Some(next);
+            }
+            return slots.next_waiting_with_chance();
         }
         if slots.spare > 0 && slots.chance_of_quorum(needed) < CONFIDENCE {
+            // An extra first ask is there to raise that chance: only a peer that can answer in
+            // time does.
+            let extra = slots.next_waiting_with_chance()?;
             slots.spare -= 1;
-            return Some(next);
+            return Some(extra);
         }
         None
     }

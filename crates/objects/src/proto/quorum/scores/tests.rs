@@ -157,14 +157,19 @@ fn a_request_out_longer_than_expected_charges_its_peer() {
     let ranked = scores.rank(&candidates, t0 + ms(60), &mut rng);
     assert_eq!(order(&ranked), vec![1, 0]);
     assert!(ranked[1].timely > 0.9, "not late yet");
-    // Out past its hedge delay, the peer is late.
+    assert!(!ranked[1].overdue);
+    // Out past its hedge delay, the peer is late, and overdue.
     let ranked = scores.rank(&candidates, t0 + ms(500), &mut rng);
-    assert_eq!((ranked[1].peer, ranked[1].timely), (0, 0.0));
+    assert_eq!(
+        (ranked[1].peer, ranked[1].timely, ranked[1].overdue),
+        (0, 0.0, true)
+    );
     // Once the request ends, the charge is gone.
     scores.on_request_done(0, t0);
     assert_eq!(scores.oldest_outstanding(0, t0 + ms(500)), None);
     let ranked = scores.rank(&candidates, t0 + ms(500), &mut rng);
     assert_eq!(order(&ranked), vec![0, 1]);
+    assert!(!ranked[0].overdue);
 }
 
 #[test]
