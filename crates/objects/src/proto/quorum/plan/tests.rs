@@ -25,6 +25,15 @@ fn config(policy: Policy) -> QuorumConfig {
     }
 }
 
+/// A hedged plan asking two peers first for a quorum of two.
+fn hedged_quorum_two() -> QuorumConfig {
+    QuorumConfig {
+        quorum: 2,
+        fanout: 2,
+        ..config(Policy::Hedged)
+    }
+}
+
 fn drain(plan: &mut QuorumPlan<u32>, now: Instant) -> Vec<u32> {
     std::iter::from_fn(|| plan.poll_ask(now)).collect()
 }
@@ -144,11 +153,6 @@ fn hedged_keeps_asking_when_every_attempt_out_is_late() {
 #[test]
 fn peers_with_no_chance_in_time_are_asked_only_to_keep_the_quorum_out() {
     let t0 = Instant::now();
-    let quorum_two = QuorumConfig {
-        quorum: 2,
-        fanout: 2,
-        ..config(Policy::Hedged)
-    };
     // Peer 0 answers in time; peers 1-4 are overdue on requests already out (timeliness 0), and
     // peer 5, ranked last, is a stranger at even odds.
     let mut list = candidates(6, ms(50));
@@ -157,7 +161,7 @@ fn peers_with_no_chance_in_time_are_asked_only_to_keep_the_quorum_out() {
         candidate.overdue = true;
     }
     list[0].timely = 1.0;
-    let mut plan = QuorumPlan::new(quorum_two, list, None, t0)
+    let mut plan = QuorumPlan::new(hedged_quorum_two(), list, None, t0)
         .unwrap()
         .with_spare(8);
     // The two first choices, then the chance below confidence buys one extra ask: the peer that
@@ -181,18 +185,13 @@ fn peers_with_no_chance_in_time_are_asked_only_to_keep_the_quorum_out() {
 #[test]
 fn a_peer_late_once_is_still_asked_in_place_of_a_late_attempt() {
     let t0 = Instant::now();
-    let quorum_two = QuorumConfig {
-        quorum: 2,
-        fanout: 2,
-        ..config(Policy::Hedged)
-    };
     // Three replicas, one of them just stopped (peer 1, still ranked second); peer 2's last
     // answer was late, so its timeliness is 0, but no request to it is out: it can answer now.
     let mut list = candidates(3, ms(50));
     list[0].timely = 1.0;
     list[1].timely = 1.0;
     list[2].timely = 0.0;
-    let mut plan = QuorumPlan::new(quorum_two, list, None, t0).unwrap();
+    let mut plan = QuorumPlan::new(hedged_quorum_two(), list, None, t0).unwrap();
     assert_eq!(drain(&mut plan, t0), vec![0, 1]);
     plan.handle_answer(0, t0 + ms(1));
     // The stopped replica passes its hedge delay: peer 2 is asked rather than waited behind it.
