@@ -87,11 +87,13 @@ where
     let mut in_flight = FuturesUnordered::new();
     let mut answers = Vec::new();
     let fanout = plan.config().fanout;
-    // Requests beyond the fanout are paid for as they are made.
-    let mut paid = 0;
     loop {
         let at = now();
         while let Some(peer) = plan.poll_ask(at) {
+            // Requests beyond the fanout are paid for as they are made.
+            if plan.asked() > fanout {
+                lock(scores).spend(1);
+            }
             let request = ask(peer);
             let out = Outstanding::new(scores, peer, at);
             in_flight.push(async move {
@@ -100,15 +102,7 @@ where
                 (peer, result)
             });
         }
-        {
-            let mut scores = lock(scores);
-            let extra = plan.asked().saturating_sub(fanout);
-            if extra > paid {
-                scores.spend(extra - paid);
-                paid = extra;
-            }
-            plan.report_late(at, &mut scores);
-        }
+        plan.report_late(at, &mut lock(scores));
         if let Some(outcome) = plan.outcome() {
             lock(scores).settle(fanout);
             match leftover {

@@ -386,16 +386,19 @@ impl<P: Copy + Eq + Hash + Ord> PeerScores<P> {
     /// of any case 2.271 → 1.212; seed 3 case 6's p99 ratio 1.271 → 1.003, every other within
     /// 0.01 of what it was).
     pub fn spend(&mut self, extra: usize) {
-        let reserve = self.config.extra_request_reserve.max(0.0);
-        self.extra_tokens = (self.extra_tokens - extra as f64).clamp(-reserve, reserve);
+        self.add_tokens(-(extra as f64));
     }
 
     /// Settles a finished plan with the budget: its first `fanout` requests earn their share
     /// (what it asked beyond them was paid with [`Self::spend`]).
     pub fn settle(&mut self, fanout: usize) {
-        let earned = self.config.extra_request_ratio.max(0.0) * fanout as f64;
+        self.add_tokens(self.config.extra_request_ratio.max(0.0) * fanout as f64);
+    }
+
+    /// Moves the budget by `delta`, within `extra_request_reserve` either way.
+    fn add_tokens(&mut self, delta: f64) {
         let reserve = self.config.extra_request_reserve.max(0.0);
-        self.extra_tokens = (self.extra_tokens + earned).clamp(-reserve, reserve);
+        self.extra_tokens = (self.extra_tokens + delta).clamp(-reserve, reserve);
     }
 
     /// Whether a probe of `peer`, whose connection's round trip is `rtt`, can still change a
